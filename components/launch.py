@@ -1,0 +1,76 @@
+"""What every component shares: validate the trainer's arguments, then build on ``dist.ddp``.
+
+Validation uses the trainers' own parser (:func:`trainers.config.parse_config`) for every
+data-parallel size the job's node range allows, so a bad argument fails here, in one line,
+before anything is scheduled.
+"""
+
+from __future__ import annotations
+
+from torchx import specs
+from torchx.components import dist
+from torchx.specs.api import macros
+from torchx.specs.finder import ComponentValidationException
+
+from trainers.config import ConfigError, parse_config
+
+# The image that container schedulers (kubernetes, local_docker) run; local_cwd ignores it.
+DEFAULT_IMAGE = "torchx-templates:cpu"
+
+
+class ComponentArgumentError(ComponentValidationException, ValueError):
+    """A component argument that cannot work; the message is one line naming the fix.
+
+    ``torchx run`` reports a ComponentValidationException as an error without a traceback
+    and exits 1 before scheduling anything.
+    """
+
+
+def node_range(j: str) -> tuple[int, int, int]:
+    """``[min:]NxM`` as (min_nodes, max_nodes, nproc_per_node), checked."""
+    try:
+        min_nodes, max_nodes, nproc, _ = dist.parse_nnodes(j)
+    except (ValueError, IndexError):
+        raise ComponentArgumentError(
+            f"-j {j}: expected [min_nodes:]NODESxPROCS_PER_NODE, e.g. 1x2 or 1:2x4") from None
+    if nproc < 1:
+        raise ComponentArgumentError(f"-j {j}: nproc_per_node must be >= 1; pass e.g. -j 1x2")
+    if max_nodes < 1 or min_nodes < 1 or min_nodes > max_nodes:
+        raise ComponentArgumentError(
+            f"-j {j}: need 1 <= min_nodes <= nodes; pass e.g. -j 2x2 or -j 1:2x2")
+    return min_nodes, max_nodes, nproc
+
+
+def trainer_app(
+    module: str,
+    script_args: tuple[str, ...],
+    *,
+    j: str,
+    image: str,
+    cpu: int,
+    gpu: int,
+    memMB: int,
+    h: str | None,
+    env: dict[str, str] | None,
+    max_retries: int,
+    rdzv_port: int,
+    mounts: list[str] | None,
+    check_paths: bool,
+) -> specs.AppDef:
+    """The AppDef that runs ``python -m <module> <script_args>`` under torchrun via dist.ddp.
+
+    Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
+    the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
+    """
+    min_nodes, max_nodes, nproc = node_range(j)
+    args = list(script_args)
+    if not any(a == "--output-dir" or a.startswith("--output-dir=") for a in args):
+        args += ["--output-dir", f"outputs/{macros.app_id}"]
+    world_sizes = [nodes * nproc for nodes in range(min_nodes, max_nodes + 1)]
+    try:
+        parse_config(args, prog=module, dp_sizes=world_sizes, check_paths=check_paths)
+    except ConfigError as err:
+        raise ComponentArgumentError(f"{module}: {err}") from None
+    return dist.ddp(*args, m=module, image=image, name=module.rsplit(".", 1)[-1], h=h,
+                    cpu=cpu, gpu=gpu, memMB=memMB, j=j, env=env, max_retries=max_retries,
+                    rdzv_port=rdzv_port, mounts=mounts)

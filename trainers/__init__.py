@@ -1,0 +1,4 @@
+"""Distributed PyTorch trainers on one shared core.
+
+The core: config, model, data, loop, checkpoint, metrics; one entry point per strategy.
+"""

@@ -1,0 +1,202 @@
+"""Atomic, verified ``torch.distributed.checkpoint`` save and resume of a whole run.
+
+A checkpoint is ``<run>/checkpoints/step_<N>/``: the DCP files of the model and optimizer
+(sharded or not, so a checkpoint resumes at another world size), the loop state (step, LR
+schedule, data position) and each rank's RNG state. It is written as ``step_<N>.tmp`` and
+renamed only after every rank finished and rank 0 wrote ``manifest.json`` (size and CRC-32 of
+every file), so a crash during a save never leaves a newest checkpoint that looks complete.
+Resume verifies the manifest and falls back, with a warning, past a corrupt checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from trainers.config import ConfigError
+from trainers.distributed import DistEnv
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+MANIFEST = "manifest.json"
+PREFIX = "step_"
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name[len(PREFIX):])
+
+
+def find_checkpoints(path: Path) -> list[Path]:
+    """Finished checkpoints at ``path`` (a run, its checkpoints/ or one step_N), newest first."""
+    if path.name.startswith(PREFIX) and (path / MANIFEST).exists():
+        return [path]
+    for folder in (path / CHECKPOINTS, path):
+        if folder.is_dir():
+            found = [p for p in folder.iterdir()
+                     if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
+            if found:
+                return sorted(found, key=_step_of, reverse=True)
+    return []
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def verify(path: Path) -> str | None:
+    """None if every file in ``path``'s manifest is intact, else what is wrong."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as err:
+        return f"unreadable {MANIFEST} ({err.__class__.__name__})"
+    for name, (size, crc) in manifest["files"].items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, expected {size}"
+        if _crc32(file) != crc:
+            return f"{name} fails its CRC-32 check"
+    return None
+
+
+class _TrainState(Stateful):
+    """Model and optimizer through DCP's state-dict API, plus the loop's own state."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 loop_state: dict[str, Any]) -> None:
+        self.model, self.optimizer, self.loop_state = model, optimizer, loop_state
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd, "loop": self.loop_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        self.loop_state.update(state["loop"])
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class Checkpointer:
+    """Saves and resumes the run in ``run_dir``, keeping the ``keep`` newest checkpoints."""
+
+    def __init__(self, run_dir: Path, keep: int, env: DistEnv, model_name: str) -> None:
+        self.folder = run_dir / CHECKPOINTS
+        self.keep = keep
+        self.env = env
+        self.model_name = model_name
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+             loop_state: dict[str, Any]) -> Path:
+        """Write checkpoint ``step`` (collective: every rank calls it)."""
+        final = self.folder / f"{PREFIX}{step:08d}"
+        tmp = final.with_name(final.name + ".tmp")
+        if self.env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        dcp.save({"train": _TrainState(model, optimizer, loop_state)}, checkpoint_id=tmp)
+        torch.save(_rng_state(), tmp / f"rng_rank{self.env.rank}.pt")
+        dist.barrier()
+        if self.env.is_main:
+            files = {p.name: [p.stat().st_size, _crc32(p)] for p in sorted(tmp.iterdir())}
+            manifest = {"step": step, "model": self.model_name,
+                        "world_size": self.env.world_size, "files": files}
+            with open(tmp / MANIFEST, "w") as f:
+                json.dump(manifest, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.folder)
+            for old in find_checkpoints(self.folder)[self.keep:]:
+                shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
+        return final
+
+    def choose(self, resume: str) -> Path | None:
+        """The checkpoint ``resume`` names (auto, none or a path); rank 0 decides for all."""
+        choice: list[Path | None | str] = [None]
+        if self.env.is_main:
+            try:
+                choice[0] = self._choose_here(resume)
+            except ConfigError as err:
+                choice[0] = f"error: {err}"
+        dist.broadcast_object_list(choice, src=0)
+        if isinstance(choice[0], str):
+            raise ConfigError(choice[0][len("error: "):])
+        return choice[0]
+
+    def _choose_here(self, resume: str) -> Path | None:
+        if resume == "none":
+            return None
+        candidates = find_checkpoints(self.folder if resume == "auto" else Path(resume))
+        if not candidates:
+            if resume == "auto":
+                return None
+            raise ConfigError(f"--resume {resume}: no checkpoint there; pass a run directory "
+                              "holding checkpoints/step_*, a step_* directory, auto or none")
+        for path in candidates:
+            problem = verify(path)
+            if problem is None:
+                saved = json.loads((path / MANIFEST).read_text())["model"]
+                if saved != self.model_name:
+                    raise ConfigError(
+                        f"{path} holds a --model {saved} checkpoint, not {self.model_name}; pass "
+                        f"--model {saved}, another --output-dir or --resume none")
+                return path
+            log.warning("checkpoint %s is corrupt (%s); falling back to an older one",
+                        path, problem)
+        raise ConfigError(f"--resume {resume}: every checkpoint is corrupt (newest: "
+                          f"{candidates[0]}); pass --resume none with a new --output-dir")
+
+    def load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+             loop_state: dict[str, Any]) -> None:
+        """Restore model, optimizer, ``loop_state`` and (same world size) this rank's RNG."""
+        dcp.load({"train": _TrainState(model, optimizer, loop_state)}, checkpoint_id=path)
+        rng_file = path / f"rng_rank{self.env.rank}.pt"
+        saved_world = json.loads((path / MANIFEST).read_text())["world_size"]
+        if saved_world == self.env.world_size and rng_file.exists():
+            _set_rng_state(torch.load(rng_file, weights_only=True))
+        elif self.env.is_main:
+            log.warning("resuming %d ranks from a %d-rank checkpoint: RNG streams restart from "
+                        "the seed", self.env.world_size, saved_world)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

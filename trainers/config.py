@@ -1,0 +1,221 @@
+"""One typed configuration for every trainer, parsed from the command line and validated here.
+
+Every field of :class:`TrainConfig` is a ``--flag`` (underscores become dashes) whose help text
+is the field's ``help`` metadata. :func:`parse_config` is the single entry point used by the
+trainers (at start-up) and by the TorchX components (before anything is scheduled), so a bad
+argument gets the same one-line :class:`ConfigError` in both places.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from trainers.model import MODEL_SIZES
+
+
+class ConfigError(ValueError):
+    """A bad argument; the message is one line that says what to change."""
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; see ``python -m trainers.ddp --help``."""
+
+    # model
+    model: str = _opt("tiny", "model size", choices=sorted(MODEL_SIZES))
+    seq_len: int = _opt(0, "tokens per sequence (0: the model's context length)")
+    dropout: float = _opt(0.0, "dropout probability")
+    # data
+    data: str = _opt("synthetic", "'synthetic' (built-in Markov-chain data) or a token file "
+                     "made by `python -m trainers.tokenize`")
+    train_samples: int = _opt(8192, "sequences in the synthetic training set")
+    val_samples: int = _opt(512, "sequences in the synthetic validation set")
+    val_fraction: float = _opt(0.05, "share of a token file held out for evaluation")
+    num_workers: int = _opt(0, "DataLoader worker processes per rank")
+    prefetch_factor: int = _opt(2, "batches each DataLoader worker loads ahead")
+    # batch and optimisation
+    batch_size: int = _opt(32, "global batch in sequences "
+                           "(= micro-batch x grad-accum x data-parallel size)")
+    grad_accum: int = _opt(1, "micro-batches accumulated per optimizer step")
+    steps: int = _opt(100, "optimizer steps")
+    lr: float = _opt(3e-3, "peak learning rate (AdamW)")
+    min_lr_ratio: float = _opt(0.1, "final learning rate as a share of --lr (cosine decay)")
+    warmup_steps: int = _opt(10, "linear warm-up steps")
+    weight_decay: float = _opt(0.1, "AdamW weight decay on matrices")
+    grad_clip: float = _opt(1.0, "max global gradient norm (0: no clipping)")
+    seed: int = _opt(1234, "seed for weights, data order and dropout")
+    # execution
+    dtype: str = _opt("fp32", "compute dtype: fp32, or bf16 autocast", choices=["fp32", "bf16"])
+    activation_checkpointing: bool = _opt(False, "recompute each block's activations in backward")
+    device: str = _opt("auto", "auto (cuda if visible, else cpu), cpu or cuda",
+                       choices=["auto", "cpu", "cuda"])
+    backend: str = _opt("auto", "process-group backend: auto (nccl on cuda, else gloo), gloo, nccl",
+                        choices=["auto", "gloo", "nccl"])
+    # evaluation, logging, checkpoints
+    eval_every: int = _opt(50, "evaluate every K steps (0: never)")
+    eval_batches: int = _opt(4, "micro-batches per rank in each evaluation")
+    log_every: int = _opt(10, "print a line every K steps (metrics.jsonl gets every step)")
+    peak_tflops: float = _opt(0.0, "peak TFLOP/s per device for MFU "
+                              "(0: measured by a matmul probe)")
+    tensorboard: bool = _opt(True, "write TensorBoard events into the output directory")
+    output_dir: str = _opt("", "run directory for metrics, checkpoints and summary "
+                           "(default: outputs/<trainer>)")
+    checkpoint_every: int = _opt(50, "save a checkpoint every K steps (0: only at the end)")
+    keep_checkpoints: int = _opt(3, "how many of the newest checkpoints to keep")
+    resume: str = _opt("auto", "auto (newest valid checkpoint in the output directory, if any), "
+                       "none, or a checkpoint or run directory")
+
+    def micro_batch(self, dp_size: int) -> int:
+        """Sequences per micro-batch on each of ``dp_size`` data-parallel ranks."""
+        return self.batch_size // (self.grad_accum * dp_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _str2bool(value: str) -> bool:
+    lowered = value.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are a single ``prog: error: ...`` line, raised as ConfigError."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    """The parser for every :class:`TrainConfig` field, with ``--help`` from its metadata."""
+    parser = _OneLineParser(prog=prog, description=__doc__.splitlines()[0],
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    hints = get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        kind = hints[f.name]
+        kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata["help"],
+                                  "type": _str2bool if kind is bool else kind}
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        if kind is bool:
+            kwargs["nargs"] = "?"
+            kwargs["const"] = True
+            kwargs["metavar"] = "BOOL"
+        parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+    return parser
+
+
+def validate(cfg: TrainConfig, dp_sizes: Sequence[int], prog: str,
+             check_paths: bool = True) -> TrainConfig:
+    """Check ``cfg`` for every data-parallel size the job may run at; fill derived fields.
+
+    ``check_paths`` also checks the data file, the output directory and ``--resume`` on this
+    machine (a component submitting to a cluster may not see them).
+
+    Raises :class:`ConfigError` with a one-line message naming the fix.
+    """
+    for name in ("steps", "batch_size", "grad_accum", "train_samples", "val_samples",
+                 "eval_batches", "log_every", "keep_checkpoints", "prefetch_factor"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, "
+                              f"got {getattr(cfg, name)}")
+    for name in ("seq_len", "warmup_steps", "eval_every", "checkpoint_every", "num_workers"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.lr <= 0:
+        raise ConfigError(f"--lr must be positive, got {cfg.lr}")
+    for name in ("grad_clip", "weight_decay", "peak_tflops"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
+        raise ConfigError(f"--min-lr-ratio must be in [0, 1], got {cfg.min_lr_ratio}")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ConfigError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    if not 0.0 < cfg.val_fraction < 1.0:
+        raise ConfigError(f"--val-fraction must be in (0, 1), got {cfg.val_fraction}")
+    context = MODEL_SIZES[cfg.model].max_seq_len
+    if cfg.seq_len > context:
+        raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the {cfg.model} model's context "
+                          f"of {context}; pass --seq-len <= {context}")
+    if cfg.seq_len == 0:
+        cfg.seq_len = context
+    if not dp_sizes:
+        raise ConfigError("no data-parallel size given")
+    for dp in dp_sizes:
+        if dp < 1:
+            raise ConfigError(f"data-parallel size must be >= 1, got {dp}")
+        if cfg.batch_size % (cfg.grad_accum * dp):
+            raise ConfigError(
+                f"--batch-size {cfg.batch_size} is not divisible by --grad-accum {cfg.grad_accum} "
+                f"x data-parallel size {dp}; pass a multiple of {cfg.grad_accum * dp}")
+    if not cfg.output_dir:
+        cfg.output_dir = str(Path("outputs") / prog.rsplit(".", 1)[-1])
+    if check_paths:
+        _check_paths(cfg)
+    return cfg
+
+
+def _check_paths(cfg: TrainConfig) -> None:
+    _check_writable(Path(cfg.output_dir))
+    if cfg.data != "synthetic":
+        from trainers.data import check_token_file
+
+        check_token_file(Path(cfg.data), cfg.seq_len, MODEL_SIZES[cfg.model].vocab_size)
+    from trainers.checkpoint import find_checkpoints
+
+    if cfg.resume == "none" and find_checkpoints(Path(cfg.output_dir) / "checkpoints"):
+        raise ConfigError(f"--resume none, but {cfg.output_dir} already holds checkpoints; "
+                          "pass --resume auto or a new --output-dir")
+    if cfg.resume not in ("auto", "none") and not find_checkpoints(Path(cfg.resume)):
+        raise ConfigError(f"--resume {cfg.resume}: no checkpoint there; pass a run directory "
+                          "holding checkpoints/step_*, a step_* directory, auto or none")
+
+
+def _check_writable(path: Path) -> None:
+    """Raise ConfigError unless ``path`` is, or can be created as, a writable directory."""
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--output-dir {path}: {probe} is not a directory; pass another path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output-dir {path}: {probe} is not writable; pass a writable path")
+
+
+def parse_config(argv: Sequence[str] | None, prog: str, dp_sizes: Sequence[int] | None = None,
+                 check_paths: bool = True) -> TrainConfig:
+    """Parse and validate trainer arguments.
+
+    ``dp_sizes`` lists the data-parallel sizes the job may run at (a component passes every
+    size its node range allows); by default it is this process's ``WORLD_SIZE``.
+    """
+    namespace = build_parser(prog).parse_args(list(sys.argv[1:] if argv is None else argv))
+    cfg = TrainConfig(**vars(namespace))
+    if dp_sizes is None:
+        dp_sizes = [int(os.environ.get("WORLD_SIZE", "1"))]
+    return validate(cfg, dp_sizes, prog, check_paths)
+
+
+def parse_or_exit(argv: Sequence[str] | None, prog: str) -> TrainConfig:
+    """:func:`parse_config` for a trainer's ``main``: a bad argument exits 2 with one line."""
+    try:
+        return parse_config(argv, prog)
+    except ConfigError as err:
+        sys.stderr.write(f"{prog}: error: {err}\n")
+        raise SystemExit(2) from None

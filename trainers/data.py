@@ -1,0 +1,225 @@
+"""Training data: built-in learnable synthetic sequences and memory-mapped token files.
+
+Both datasets hold fixed-length windows of ``seq_len + 1`` tokens and return ``(inputs,
+targets)`` shifted by one. :class:`BatchStream` shards them over data-parallel ranks with a
+:class:`~torch.utils.data.DistributedSampler` (reshuffled per epoch from the seed) and records
+its position so that a resumed run continues with the next unseen micro-batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from trainers.config import ConfigError, TrainConfig
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+TOKEN_FILE_MAGIC = b"TXTOKEN1"
+TOKEN_FILE_HEADER = 16  # magic (8 bytes), vocab size (uint32), reserved (uint32)
+TOKEN_DTYPE = np.uint16
+
+
+class MarkovChainDataset(Dataset[Batch]):
+    """Sequences sampled from a fixed sparse random Markov chain over ``vocab_size`` tokens.
+
+    Every token has ``branching`` possible successors with probabilities drawn uniformly from
+    the simplex, so the best achievable loss is the chain's entropy rate (at most
+    ln(branching), far below ln(vocab_size)): a model that learns drives its loss from
+    ln(vocab) towards that floor.
+    The chain depends only on ``vocab_size`` and ``branching``; ``seed`` picks the sequences.
+    """
+
+    def __init__(self, vocab_size: int, seq_len: int, num_samples: int, seed: int,
+                 branching: int = 4) -> None:
+        chain_gen = torch.Generator().manual_seed(vocab_size * 1000 + branching)
+        self.successors = torch.stack(
+            [torch.randperm(vocab_size, generator=chain_gen)[:branching]
+             for _ in range(vocab_size)])
+        self.probs = _uniform_simplex(vocab_size, branching, chain_gen)
+        gen = torch.Generator().manual_seed(seed)
+        tokens = torch.empty(num_samples, seq_len + 1, dtype=torch.long)
+        tokens[:, 0] = torch.randint(vocab_size, (num_samples,), generator=gen)
+        for t in range(seq_len):
+            current = tokens[:, t]
+            choice = torch.multinomial(self.probs[current], 1, generator=gen).squeeze(1)
+            tokens[:, t + 1] = self.successors[current, choice]
+        self.tokens = tokens
+        self.vocab_size = vocab_size
+
+    def entropy_rate(self) -> float:
+        """The chain's entropy rate in nats per token: the lowest loss any model can reach."""
+        transition = torch.zeros(self.vocab_size, self.vocab_size, dtype=torch.float64)
+        transition.scatter_add_(1, self.successors, self.probs.double())
+        stationary = torch.full((self.vocab_size,), 1.0 / self.vocab_size, dtype=torch.float64)
+        for _ in range(1000):
+            stationary = stationary @ transition
+        row_entropy = -(self.probs.double() * self.probs.double().clamp_min(1e-300).log()).sum(1)
+        return float(stationary @ row_entropy)
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def __getitem__(self, index: int) -> Batch:
+        window = self.tokens[index]
+        return window[:-1], window[1:]
+
+
+def _uniform_simplex(rows: int, size: int, gen: torch.Generator) -> torch.Tensor:
+    """``rows`` draws from the flat Dirichlet(1, ..., 1): normalised exponential draws."""
+    draws = -torch.rand(rows, size, generator=gen, dtype=torch.float64).log()
+    return (draws / draws.sum(1, keepdim=True)).float()
+
+
+def write_token_file(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
+    """Write ``tokens`` (ids below ``vocab_size``) as a token file for :class:`TokenFileDataset`."""
+    if vocab_size > np.iinfo(TOKEN_DTYPE).max + 1:
+        raise ValueError(f"vocab size {vocab_size} does not fit {np.dtype(TOKEN_DTYPE).name}")
+    header = TOKEN_FILE_MAGIC + np.array([vocab_size, 0], dtype="<u4").tobytes()
+    with open(path, "wb") as out:
+        out.write(header)
+        out.write(np.ascontiguousarray(tokens, dtype="<u2").tobytes())
+
+
+def _read_header(path: Path) -> int:
+    """The vocab size in ``path``'s header; ConfigError if it is no token file."""
+    if not path.is_file():
+        raise ConfigError(f"--data {path}: no such file; make one with "
+                          "`python -m trainers.tokenize TEXT_FILE OUT.bin` or use synthetic")
+    with open(path, "rb") as f:
+        header = f.read(TOKEN_FILE_HEADER)
+    if not header:
+        raise ConfigError(f"--data {path}: the file is empty; tokenize a non-empty text file")
+    if len(header) < TOKEN_FILE_HEADER or header[:8] != TOKEN_FILE_MAGIC:
+        raise ConfigError(f"--data {path}: not a token file; make one with "
+                          "`python -m trainers.tokenize TEXT_FILE OUT.bin`")
+    return int(np.frombuffer(header[8:12], dtype="<u4")[0])
+
+
+def check_token_file(path: Path, seq_len: int, model_vocab: int) -> None:
+    """Raise ConfigError unless ``path`` is a token file that trains a model of this shape."""
+    vocab = _read_header(path)
+    tokens = (path.stat().st_size - TOKEN_FILE_HEADER) // np.dtype(TOKEN_DTYPE).itemsize
+    if tokens == 0:
+        raise ConfigError(f"--data {path}: the token file holds no tokens; tokenize a "
+                          "non-empty text file")
+    if vocab > model_vocab:
+        raise ConfigError(f"--data {path}: vocab size {vocab} exceeds the model's "
+                          f"{model_vocab}; pick a model with a larger vocabulary")
+    if tokens // seq_len < 2:
+        raise ConfigError(f"--data {path}: {tokens} tokens make fewer than two sequences of "
+                          f"{seq_len}; use more text or a smaller --seq-len")
+
+
+class TokenFileDataset(Dataset[Batch]):
+    """Non-overlapping windows of a memory-mapped token file.
+
+    The first ``1 - val_fraction`` of the windows are the ``train`` split, the rest ``val``.
+    """
+
+    def __init__(self, path: Path, seq_len: int, split: str, val_fraction: float) -> None:
+        self.vocab_size = _read_header(path)
+        self.tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=TOKEN_FILE_HEADER)
+        self.seq_len = seq_len
+        windows = (len(self.tokens) - 1) // seq_len
+        n_val = max(1, math.ceil(windows * val_fraction))
+        first, count = (0, windows - n_val) if split == "train" else (windows - n_val, n_val)
+        self.first, self.count = first, max(count, 1)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> Batch:
+        start = (self.first + index) * self.seq_len
+        window = torch.from_numpy(self.tokens[start:start + self.seq_len + 1].astype(np.int64))
+        return window[:-1], window[1:]
+
+
+def build_datasets(cfg: TrainConfig, vocab_size: int) -> tuple[Dataset[Batch], Dataset[Batch]]:
+    """The training and validation datasets that ``cfg.data`` names."""
+    if cfg.data == "synthetic":
+        return (MarkovChainDataset(vocab_size, cfg.seq_len, cfg.train_samples, cfg.seed),
+                MarkovChainDataset(vocab_size, cfg.seq_len, cfg.val_samples, cfg.seed + 1))
+    path = Path(cfg.data)
+    return (TokenFileDataset(path, cfg.seq_len, "train", cfg.val_fraction),
+            TokenFileDataset(path, cfg.seq_len, "val", cfg.val_fraction))
+
+
+class _ResumableSampler(DistributedSampler):
+    """A DistributedSampler that skips the first ``start`` indices of this rank's epoch."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.start = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.start, None)
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start
+
+
+class BatchStream:
+    """Endless micro-batches of one data-parallel rank, epoch after epoch, with a position.
+
+    ``state_dict()`` is ``{"epoch", "consumed"}`` (micro-batches already returned this epoch);
+    a stream built with that state continues with exactly the batches that would have come next.
+    """
+
+    def __init__(self, dataset: Dataset[Batch], micro_batch: int, dp_rank: int, dp_size: int,
+                 seed: int, num_workers: int = 0, prefetch_factor: int = 2,
+                 pin_memory: bool = False) -> None:
+        self.sampler = _ResumableSampler(dataset, num_replicas=dp_size, rank=dp_rank,
+                                         shuffle=True, seed=seed, drop_last=True)
+        if self.sampler.num_samples < micro_batch:
+            raise ConfigError(f"the dataset gives each of {dp_size} ranks fewer than "
+                              f"{micro_batch} sequences; use more data or a smaller batch")
+        self.loader = DataLoader(
+            dataset, batch_size=micro_batch, sampler=self.sampler, drop_last=True,
+            num_workers=num_workers, pin_memory=pin_memory,
+            prefetch_factor=prefetch_factor if num_workers else None,
+            persistent_workers=num_workers > 0)
+        self.epoch = 0
+        self.consumed = 0
+        self._iter: Iterator[Batch] | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        self._iter = None
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> Batch:
+        while True:
+            if self._iter is None:
+                self.sampler.set_epoch(self.epoch)
+                self.sampler.start = self.consumed * self.loader.batch_size
+                self._iter = iter(self.loader)
+            batch = next(self._iter, None)
+            if batch is not None:
+                self.consumed += 1
+                return batch
+            self.epoch, self.consumed, self._iter = self.epoch + 1, 0, None
+
+
+def eval_batches(dataset: Dataset[Batch], micro_batch: int, dp_rank: int, dp_size: int,
+                 count: int) -> list[Batch]:
+    """The first ``count`` micro-batches of this rank's unshuffled share of ``dataset``."""
+    sampler = DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank, shuffle=False,
+                                 drop_last=True)
+    loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True)
+    batches = list(itertools.islice(loader, count))
+    if not batches:
+        raise ConfigError(f"the validation set gives each of {dp_size} ranks fewer than "
+                          f"{micro_batch} sequences; use more data or a smaller batch")
+    return batches

@@ -1,0 +1,77 @@
+"""Process group and device for this rank: cuda+nccl when GPUs are visible, else cpu+gloo.
+
+Under torchrun the rank, world size and rendezvous come from its environment; run as a plain
+process, the trainer becomes a world of one with an in-memory store, so every code path
+(collectives, DCP) is the same in both cases.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from trainers.config import ConfigError, TrainConfig
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def select_device(requested: str, local_rank: int) -> torch.device:
+    """``auto`` picks ``cuda:<local_rank>`` when a GPU is visible, else the CPU."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no GPU is visible; pass --device cpu or auto")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} "
+                              "visible); lower nproc_per_node to the GPUs per node")
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def select_backend(requested: str, device: torch.device) -> str:
+    """``auto`` picks nccl for CUDA devices and gloo otherwise."""
+    if requested == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if requested == "nccl" and device.type != "cuda":
+        raise ConfigError("--backend nccl needs CUDA devices; pass --backend gloo or auto")
+    return requested
+
+
+@contextmanager
+def init_distributed(cfg: TrainConfig) -> Iterator[DistEnv]:
+    """Join (or form) the process group for the run and leave it on exit."""
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = select_device(cfg.device, local_rank)
+    backend = select_backend(cfg.backend, device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                device_id=device if device.type == "cuda" else None)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield DistEnv(rank, world_size, local_rank, device, backend)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,239 @@
+"""The one training loop every strategy uses, and the :class:`Strategy` contract it runs on.
+
+A strategy (DDP, FSDP, ...) wraps the model and overrides only what differs: how gradient
+sync is suppressed on non-final micro-steps, how a step's forward and backward run, how the
+gradient norm is taken. The loop owns the rest: data, accumulation, clipping, AdamW with
+warm-up and cosine decay, autocast, evaluation, checkpoints, metrics and the summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
+
+from trainers.checkpoint import Checkpointer
+from trainers.config import TrainConfig
+from trainers.data import Batch, BatchStream, MarkovChainDataset, build_datasets, eval_batches
+from trainers.distributed import DistEnv
+from trainers.metrics import (
+    MetricsWriter,
+    format_line,
+    measure_peak_flops,
+    peak_memory_bytes,
+    write_summary,
+)
+from trainers.model import MODEL_SIZES, Transformer, build_model
+
+log = logging.getLogger(__name__)
+
+
+def prepare_model(cfg: TrainConfig, device: torch.device) -> Transformer:
+    """The configured model on ``device``, identical on every rank (seeded), with per-block
+    activation checkpointing (non-reentrant) when asked for."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, cfg.dropout).to(device)
+    if cfg.activation_checkpointing:
+        for name, block in list(model.blocks.items()):
+            model.blocks[name] = checkpoint_wrapper(block,
+                                                    checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    return model
+
+
+class Strategy:
+    """A parallelism strategy as the loop sees it; the default is plain single-replica training.
+
+    ``model`` is the (wrapped) module whose parameters are trained and checkpointed;
+    ``dp_rank``/``dp_size`` place this process among the data-parallel replicas and
+    ``dp_group`` is their process group (None: the default group).
+    """
+
+    def __init__(self, model: nn.Module, dp_rank: int, dp_size: int,
+                 dp_group: dist.ProcessGroup | None = None) -> None:
+        self.model = model
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.dp_group = dp_group
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """Context in which backward does not synchronise gradients across replicas."""
+        return contextlib.nullcontext()
+
+    def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of one micro-batch."""
+        logits = self.model(inputs)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def forward_backward(self, micro_batches: Sequence[Batch],
+                         autocast: contextlib.AbstractContextManager[None]) -> torch.Tensor:
+        """Accumulate gradients of the step's mean loss; return that loss (local, detached).
+
+        Each micro-batch loss is scaled by 1/N; gradients synchronise only on the last one.
+        """
+        total = torch.zeros((), device=micro_batches[0][0].device)
+        count = len(micro_batches)
+        for index, (inputs, targets) in enumerate(micro_batches):
+            sync = contextlib.nullcontext() if index == count - 1 else self.no_sync()
+            with sync:
+                with autocast:
+                    loss = self.loss(inputs, targets)
+                (loss / count).backward()
+            total += loss.detach()
+        return total / count
+
+    @torch.no_grad()
+    def eval_loss(self, batches: Sequence[Batch],
+                  autocast: contextlib.AbstractContextManager[None]) -> torch.Tensor:
+        """Mean loss over ``batches`` (local) in eval mode."""
+        self.model.eval()
+        with autocast:
+            losses = [self.loss(inputs, targets) for inputs, targets in batches]
+        self.model.train()
+        return torch.stack(losses).mean()
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Global gradient norm before clipping to ``max_norm`` (0: measure only)."""
+        return nn.utils.clip_grad_norm_(self.model.parameters(), max_norm or math.inf)
+
+    def mean_over_replicas(self, value: torch.Tensor) -> float:
+        """``value`` averaged over the data-parallel replicas."""
+        if self.dp_size > 1:
+            value = value.clone()
+            dist.all_reduce(value, group=self.dp_group)
+            value /= self.dp_size
+        return value.item()
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices and embeddings, none on norms and biases."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """LR multiplier after ``step`` optimizer steps: linear warm-up, then cosine decay."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[None]:
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16")
+
+
+def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
+    """Run ``cfg.steps`` optimizer steps (resuming if asked); return the summary (all ranks)."""
+    run_dir = Path(cfg.output_dir)
+    model_cfg = MODEL_SIZES[cfg.model]
+    train_set, val_set = build_datasets(cfg, model_cfg.vocab_size)
+    micro = cfg.micro_batch(strategy.dp_size)
+    stream = BatchStream(train_set, micro, strategy.dp_rank, strategy.dp_size, cfg.seed,
+                         cfg.num_workers, cfg.prefetch_factor, env.device.type == "cuda")
+    val = (eval_batches(val_set, micro, strategy.dp_rank, strategy.dp_size, cfg.eval_batches)
+           if cfg.eval_every else [])
+    optimizer = build_optimizer(strategy.model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
+    checkpointer = Checkpointer(run_dir, cfg.keep_checkpoints, env, cfg.model)
+    loop_state: dict[str, Any] = {"step": 0, "data": stream.state_dict(),
+                                  "scheduler": scheduler.state_dict()}
+    resume_from = checkpointer.choose(cfg.resume)
+    if resume_from is not None:
+        checkpointer.load(resume_from, strategy.model, optimizer, loop_state)
+        stream.load_state_dict(loop_state["data"])
+        scheduler.load_state_dict(loop_state["scheduler"])
+    start_step = loop_state["step"]
+
+    writer = MetricsWriter(run_dir, env.is_main, cfg.tensorboard, start_step)
+    if resume_from is not None:
+        writer.print(f"resumed from {resume_from} at step {start_step}")
+    compute_dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+    peak_flops = (cfg.peak_tflops * 1e12 or measure_peak_flops(env.device, compute_dtype))
+    flops_per_token = model_cfg.flops_per_token(cfg.seq_len)
+    tokens_per_step = cfg.batch_size * cfg.seq_len
+    autocast = _autocast(cfg, env.device)
+    history: list[dict[str, float]] = []
+    wall_start = time.perf_counter()
+    for step in range(start_step + 1, cfg.steps + 1):
+        step_start = time.perf_counter()
+        data_time = 0.0
+        micro_batches = []
+        for _ in range(cfg.grad_accum):
+            fetch_start = time.perf_counter()
+            inputs, targets = next(stream)
+            data_time += time.perf_counter() - fetch_start
+            micro_batches.append((inputs.to(env.device, non_blocking=True),
+                                  targets.to(env.device, non_blocking=True)))
+        optimizer.zero_grad(set_to_none=True)
+        loss = strategy.forward_backward(micro_batches, autocast)
+        grad_norm = strategy.clip_grad_norm(cfg.grad_clip)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        metrics = {"loss": strategy.mean_over_replicas(loss), "grad_norm": float(grad_norm),
+                   "lr": lr}
+        elapsed = time.perf_counter() - step_start
+        metrics.update(
+            step_time_s=elapsed, tokens_per_s=tokens_per_step / elapsed,
+            mfu=tokens_per_step * flops_per_token / elapsed / (peak_flops * env.world_size),
+            peak_memory_bytes=float(peak_memory_bytes(env.device)), data_share=data_time / elapsed)
+        if val and (step % cfg.eval_every == 0 or step == cfg.steps):
+            metrics["eval_loss"] = strategy.mean_over_replicas(strategy.eval_loss(val, autocast))
+        history.append(metrics)
+        writer.write(step, metrics)
+        if step % cfg.log_every == 0 or step in (start_step + 1, cfg.steps):
+            writer.print(format_line(step, cfg.steps, metrics))
+        if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+            loop_state.update(step=step, data=stream.state_dict(),
+                              scheduler=scheduler.state_dict())
+            checkpointer.save(step, strategy.model, optimizer, loop_state)
+    writer.close()
+    summary = _summarize(cfg, env, history, start_step, time.perf_counter() - wall_start,
+                         train_set, model_cfg.num_params())
+    if env.is_main and history:
+        write_summary(run_dir, summary)
+        writer.print("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
+                                             f"{k}={v}" for k, v in summary.items()))
+    return summary
+
+
+def _summarize(cfg: TrainConfig, env: DistEnv, history: list[dict[str, float]],
+               start_step: int, wall_time: float, train_set: Any, params: int) -> dict[str, Any]:
+    """Final figures; throughput and MFU average every step but the first (warm-up)."""
+    if not history:
+        return {"steps": start_step, "note": "already complete"}
+    timed = history[1:] or history
+    step_time = sum(m["step_time_s"] for m in timed) / len(timed)
+    summary: dict[str, Any] = {
+        "model": cfg.model, "params": params, "world_size": env.world_size,
+        "steps": cfg.steps, "resumed_from_step": start_step,
+        "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],
+        "tokens_per_s": cfg.batch_size * cfg.seq_len / step_time,
+        "mfu": sum(m["mfu"] for m in timed) / len(timed),
+        "peak_memory_bytes": int(max(m["peak_memory_bytes"] for m in history)),
+        "data_share": sum(m["data_share"] for m in timed) / len(timed),
+        "wall_time_s": wall_time,
+    }
+    evals = [m["eval_loss"] for m in history if "eval_loss" in m]
+    if evals:
+        summary["final_eval_loss"] = evals[-1]
+    if isinstance(train_set, MarkovChainDataset):
+        summary["loss_floor"] = train_set.entropy_rate()
+    return summary

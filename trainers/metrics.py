@@ -1,0 +1,122 @@
+"""Run metrics: the per-step line, metrics.jsonl, TensorBoard events, summary.json, MFU.
+
+Only rank 0 writes. Peak memory is CUDA's max allocated bytes on GPUs and the process's peak
+resident set size on the CPU. MFU divides achieved FLOP/s by a peak the user sets
+(``--peak-tflops``) or, by default, by a short matmul probe on this device in the run's dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak bytes this process held so far on ``device``."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -> float:
+    """FLOP/s of a square matmul on ``device`` at the current thread count (best of a few)."""
+    size = 4096 if device.type == "cuda" else 1024
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    best = math.inf
+    deadline = time.perf_counter() + seconds
+    for i in range(100):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+        if i > 0:  # the first call warms up
+            best = min(best, elapsed)
+            if time.perf_counter() > deadline:
+                break
+    return 2 * size**3 / best
+
+
+def _human_bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}TiB"
+
+
+def format_line(step: int, total: int, m: dict[str, Any]) -> str:
+    """``step | loss | grad_norm | lr | tok/s | mfu | mem | data`` in one line."""
+    return (f"step {step:>{len(str(total))}}/{total} | loss {m['loss']:.4f} | "
+            f"grad_norm {m['grad_norm']:.3f} | lr {m['lr']:.2e} | "
+            f"tok/s {m['tokens_per_s']:,.0f} | mfu {100 * m['mfu']:.1f}% | "
+            f"mem {_human_bytes(m['peak_memory_bytes'])} | data {100 * m['data_share']:.1f}%")
+
+
+class MetricsWriter:
+    """Rank 0's sink for per-step metrics; a no-op on other ranks.
+
+    A run resumed at ``start_step`` keeps the metrics.jsonl records up to that step and drops
+    those of steps it will train again, so the file holds each step once.
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool,
+                 start_step: int = 0) -> None:
+        self.enabled = enabled
+        self._jsonl = None
+        self._tb = None
+        if not enabled:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / "metrics.jsonl"
+        kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
+                if _step_of_record(line) <= start_step]
+        path.write_text("".join(line + "\n" for line in kept))
+        self._jsonl = open(path, "a", buffering=1)  # noqa: SIM115 (closed by close())
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self._tb is not None:
+            for key, value in metrics.items():
+                self._tb.add_scalar(key, value, step)
+
+    def print(self, line: str) -> None:
+        if self.enabled:
+            print(line, file=sys.stdout, flush=True)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _step_of_record(line: str) -> float:
+    """The step of a metrics.jsonl line; infinity for a line cut short by a crash."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """Write ``summary.json`` atomically."""
+    tmp = run_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(run_dir / "summary.json")
