@@ -9,10 +9,11 @@ argument gets the same one-line :class:`ConfigError` in both places.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -212,10 +213,17 @@ def parse_config(argv: Sequence[str] | None, prog: str, dp_sizes: Sequence[int] 
     return validate(cfg, dp_sizes, prog, check_paths)
 
 
-def parse_or_exit(argv: Sequence[str] | None, prog: str) -> TrainConfig:
-    """:func:`parse_config` for a trainer's ``main``: a bad argument exits 2 with one line."""
+@contextlib.contextmanager
+def exit_on_config_error(prog: str) -> Iterator[None]:
+    """Turn a :class:`ConfigError` raised inside into one ``prog: error:`` line and exit 2."""
     try:
-        return parse_config(argv, prog)
+        yield
     except ConfigError as err:
         sys.stderr.write(f"{prog}: error: {err}\n")
         raise SystemExit(2) from None
+
+
+def parse_or_exit(argv: Sequence[str] | None, prog: str) -> TrainConfig:
+    """:func:`parse_config` for a trainer's ``main``: a bad argument exits 2 with one line."""
+    with exit_on_config_error(prog):
+        return parse_config(argv, prog)

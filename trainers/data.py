@@ -180,8 +180,11 @@ class BatchStream:
         if self.sampler.num_samples < micro_batch:
             raise ConfigError(f"the dataset gives each of {dp_size} ranks fewer than "
                               f"{micro_batch} sequences; use more data or a smaller batch")
+        # Its own generator: creating an iterator must not draw from the global RNG, whose
+        # state (dropout) a checkpoint restores.
         self.loader = DataLoader(
             dataset, batch_size=micro_batch, sampler=self.sampler, drop_last=True,
+            generator=torch.Generator().manual_seed(seed),
             num_workers=num_workers, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor if num_workers else None,
             persistent_workers=num_workers > 0)
@@ -214,12 +217,13 @@ class BatchStream:
 
 def eval_batches(dataset: Dataset[Batch], micro_batch: int, dp_rank: int, dp_size: int,
                  count: int) -> list[Batch]:
-    """The first ``count`` micro-batches of this rank's unshuffled share of ``dataset``."""
+    """The first ``count`` micro-batches of this rank's unshuffled share of ``dataset`` (the
+    last one may be short)."""
     sampler = DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank, shuffle=False,
                                  drop_last=True)
-    loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True)
+    if sampler.num_samples == 0:
+        raise ConfigError(f"the validation set ({len(dataset)} sequences) leaves some of "
+                          f"{dp_size} ranks none; raise --val-fraction or use more data")
+    loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler)
     batches = list(itertools.islice(loader, count))
-    if not batches:
-        raise ConfigError(f"the validation set gives each of {dp_size} ranks fewer than "
-                          f"{micro_batch} sequences; use more data or a smaller batch")
     return batches

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainers.config import parse_or_exit
+from trainers.config import exit_on_config_error, parse_or_exit
 from trainers.distributed import DistEnv, init_distributed
 from trainers.loop import Strategy, prepare_model, train
 
@@ -37,7 +37,7 @@ class DDPStrategy(Strategy):
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_or_exit(argv, "trainers.ddp")
-    with init_distributed(cfg) as env:
+    with exit_on_config_error("trainers.ddp"), init_distributed(cfg) as env:
         train(cfg, env, DDPStrategy(prepare_model(cfg, env.device), env))
 
 

@@ -154,6 +154,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
     checkpointer = Checkpointer(run_dir, cfg.keep_checkpoints, env, cfg.model)
     loop_state: dict[str, Any] = {"step": 0, "data": stream.state_dict(),
                                   "scheduler": scheduler.state_dict()}
+    torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout stream
     resume_from = checkpointer.choose(cfg.resume)
     if resume_from is not None:
         checkpointer.load(resume_from, strategy.model, optimizer, loop_state)

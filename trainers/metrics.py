@@ -28,8 +28,8 @@ def peak_memory_bytes(device: torch.device) -> int:
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -> float:
     """FLOP/s of a square matmul on ``device`` at the current thread count (best of a few)."""
     size = 4096 if device.type == "cuda" else 1024
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(0)  # leaves the global RNG untouched
+    a, b = (torch.randn(size, size, device=device, dtype=dtype, generator=gen) for _ in "ab")
     best = math.inf
     deadline = time.perf_counter() + seconds
     for i in range(100):

@@ -1,0 +1,63 @@
+"""Shared helpers: run a trainer as one process or under torchrun, read what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Small, fast settings for the tiny model; tests add or override flags.
+TINY = ["--model", "tiny", "--batch-size", "8", "--steps", "8", "--warmup-steps", "2",
+        "--eval-every", "0", "--tensorboard", "false", "--log-every", "1",
+        "--peak-tflops", "1", "--train-samples", "256", "--resume", "none"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run_trainer(args: list[str], nproc: int = 1, module: str = "trainers.ddp",
+                check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` (nproc 1) or the same under ``torchrun --nproc_per_node``."""
+    if nproc == 1:
+        cmd = [sys.executable, "-m", module, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "-m", module, *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """Per-step training loss from a run's metrics.jsonl."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records}
+
+
+def assert_close(actual: dict[int, float], expected: dict[int, float], rel: float = 1e-5) -> None:
+    assert actual.keys() == expected.keys(), (sorted(actual), sorted(expected))
+    for step in expected:
+        diff = abs(actual[step] - expected[step]) / abs(expected[step])
+        assert diff <= rel, f"step {step}: {actual[step]} vs {expected[step]} (rel {diff:.2e})"
+
+
+@pytest.fixture
+def world_of_one():
+    """A process group of one in this process (what a trainer run without torchrun forms)."""
+    from trainers.config import parse_config
+    from trainers.distributed import init_distributed
+
+    with init_distributed(parse_config(["--device", "cpu"], "test")) as env:
+        yield env

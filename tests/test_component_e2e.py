@@ -1,0 +1,45 @@
+"""End to end: ``torchx run -s local_cwd`` of each component trains and its loss falls."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, _env
+
+pytestmark = pytest.mark.slow
+
+
+def test_ddp_component_on_local_cwd(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd",
+           "components/ddp.py:ddp", "-j", "1x2", "--",
+           "--model", "tiny", "--steps", "40", "--batch-size", "16", "--eval-every", "20",
+           "--output-dir", str(run_dir)]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Job finished: SUCCEEDED" in proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert summary["first_loss"] > math.log(256) - 0.2
+    assert summary["final_loss"] < summary["first_loss"] - 1.5
+    assert summary["final_eval_loss"] < math.log(256) - 1.5
+    assert (run_dir / "checkpoints" / "step_00000040" / "manifest.json").exists()
+    assert list((run_dir / "tensorboard").iterdir())
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 40
+
+
+def test_component_with_bad_arguments_schedules_nothing(tmp_path):
+    cmd = [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd",
+           "components/ddp.py:ddp", "-j", "1x2", "--", "--batch-size", "15",
+           "--output-dir", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert ("trainers.ddp: --batch-size 15 is not divisible by --grad-accum 1 x data-parallel "
+            "size 2; pass a multiple of 2") in proc.stderr
+    assert "Traceback" not in proc.stderr and "local_cwd://" not in proc.stdout
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,130 @@
+"""Bad input gets one clear line naming the fix, from the trainer and from the component."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.ddp import ddp
+from components.launch import ComponentArgumentError
+from tests.conftest import run_trainer
+from trainers.config import ConfigError, parse_config
+from trainers.data import write_token_file
+
+
+def parse(*args: str, dp: int = 1, tmp: Path | None = None):
+    out = ["--output-dir", str(tmp / "run")] if tmp else []
+    return parse_config([*out, *args], "trainers.ddp", dp_sizes=[dp])
+
+
+def test_defaults_are_valid(tmp_path):
+    cfg = parse(tmp=tmp_path)
+    assert cfg.model == "tiny"
+    assert cfg.seq_len == 64  # the tiny model's context
+    assert cfg.micro_batch(1) == cfg.batch_size
+
+
+def test_micro_batch_is_global_over_accumulation_and_replicas(tmp_path):
+    cfg = parse("--batch-size", "48", "--grad-accum", "3", dp=4, tmp=tmp_path)
+    assert cfg.micro_batch(4) == 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "huge"], "invalid choice: 'huge'"),
+    (["--steps", "0"], "--steps must be positive"),
+    (["--steps", "-3"], "--steps must be positive"),
+    (["--batch-size", "0"], "--batch-size must be positive"),
+    (["--lr", "0"], "--lr must be positive"),
+    (["--lr=-1e-3"], "--lr must be positive"),
+    (["--grad-accum", "0"], "--grad-accum must be positive"),
+    (["--seq-len", "65"], "exceeds the tiny model's context of 64"),
+    (["--dtype", "fp8"], "invalid choice: 'fp8'"),
+    (["--steps", "ten"], "invalid int value: 'ten'"),
+])
+def test_bad_values(tmp_path, args, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(*args, tmp=tmp_path)
+
+
+def test_batch_must_divide_by_accumulation_times_replicas(tmp_path):
+    with pytest.raises(ConfigError, match=r"--batch-size 30 is not divisible by --grad-accum 2 "
+                                          r"x data-parallel size 4; pass a multiple of 8"):
+        parse("--batch-size", "30", "--grad-accum", "2", dp=4, tmp=tmp_path)
+
+
+def test_missing_and_empty_data_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such file; make one with"):
+        parse("--data", str(tmp_path / "nope.bin"), tmp=tmp_path)
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    with pytest.raises(ConfigError, match="the file is empty"):
+        parse("--data", str(empty), tmp=tmp_path)
+    header_only = tmp_path / "header.bin"
+    write_token_file(header_only, np.array([], dtype=np.uint16), 256)
+    with pytest.raises(ConfigError, match="holds no tokens"):
+        parse("--data", str(header_only), tmp=tmp_path)
+    text = tmp_path / "corpus.txt"
+    text.write_text("not tokens")
+    with pytest.raises(ConfigError, match="not a token file"):
+        parse("--data", str(text), tmp=tmp_path)
+
+
+def test_output_dir_that_cannot_be_written(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        parse_config(["--output-dir", str(blocker / "run")], "trainers.ddp", dp_sizes=[1])
+
+
+def test_resume_from_a_directory_without_checkpoints(tmp_path):
+    with pytest.raises(ConfigError, match="no checkpoint there"):
+        parse("--resume", str(tmp_path), tmp=tmp_path)
+
+
+def test_trainer_prints_one_line_and_exits_2(tmp_path):
+    proc = run_trainer(["--batch-size", "30", "--grad-accum", "4", "--output-dir",
+                        str(tmp_path)], check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "trainers.ddp: error: --batch-size 30 is not divisible by --grad-accum 4 x "
+        "data-parallel size 1; pass a multiple of 4"]
+    assert not list(tmp_path.iterdir())  # nothing was written
+
+
+def test_component_rejects_bad_arguments_before_scheduling(tmp_path):
+    with pytest.raises(ComponentArgumentError, match="nproc_per_node must be >= 1"):
+        ddp("--model", "tiny", j="1x0")
+    with pytest.raises(ComponentArgumentError, match="expected"):
+        ddp(j="two")
+    with pytest.raises(ComponentArgumentError, match="invalid choice: 'huge'"):
+        ddp("--model", "huge")
+    # 2 nodes x 3 processes = 6 replicas: 32 does not divide.
+    with pytest.raises(ComponentArgumentError, match="data-parallel size 6"):
+        ddp("--batch-size", "32", j="2x3")
+    # elastic 1:2 nodes: the batch must divide at every size the job may run at
+    with pytest.raises(ComponentArgumentError, match="data-parallel size 3"):
+        ddp("--batch-size", "4", j="1:3x1")
+    with pytest.raises(ComponentArgumentError, match="no such file"):
+        ddp("--data", str(tmp_path / "missing.bin"))
+
+
+def test_component_skips_path_checks_when_told(tmp_path):
+    app = ddp("--data", "/cluster/only/corpus.bin", check_paths=False)
+    assert "/cluster/only/corpus.bin" in app.roles[0].args[-1]
+
+
+def test_component_builds_on_dist_ddp():
+    app = ddp("--model", "tiny", "--steps", "5", j="2x4", max_retries=3)
+    role = app.roles[0]
+    command = role.args[-1]
+    assert role.entrypoint == "bash" and command.startswith("torchrun ")
+    assert "--nnodes 2 --nproc_per_node 4" in command
+    assert "-m trainers.ddp --model tiny --steps 5 --output-dir 'outputs/${app_id}'" in command
+    assert role.num_replicas == 2 and role.max_retries == 3
+
+
+def test_component_keeps_a_given_output_dir():
+    command = ddp("--output-dir=/tmp/somewhere").roles[0].args[-1]
+    assert command.endswith("-m trainers.ddp --output-dir=/tmp/somewhere")
