@@ -12,7 +12,8 @@ from torchx.components import dist
 from torchx.specs.api import macros
 from torchx.specs.finder import ComponentValidationException
 
-from trainers.config import ConfigError, parse_config
+from trainers.config import parse_config
+from trainers.errors import ConfigError
 
 # The image that container schedulers (kubernetes, local_docker) run; local_cwd ignores it.
 DEFAULT_IMAGE = "torchx-templates:cpu"
@@ -68,7 +69,7 @@ def trainer_app(
         args += ["--output-dir", f"outputs/{macros.app_id}"]
     world_sizes = [nodes * nproc for nodes in range(min_nodes, max_nodes + 1)]
     try:
-        parse_config(args, prog=module, dp_sizes=world_sizes, check_paths=check_paths)
+        parse_config(args, prog=module, world_sizes=world_sizes, check_paths=check_paths)
     except ConfigError as err:
         raise ComponentArgumentError(f"{module}: {err}") from None
     return dist.ddp(*args, m=module, image=image, name=module.rsplit(".", 1)[-1], h=h,

@@ -10,7 +10,8 @@ import torch
 
 from tests.conftest import TINY, losses, run_trainer
 from trainers.checkpoint import Checkpointer, find_checkpoints, verify
-from trainers.config import ConfigError
+from trainers.config import parse_config
+from trainers.errors import ConfigError
 from trainers.model import build_model
 
 
@@ -27,14 +28,14 @@ def test_save_load_round_trip_and_keep_last_k(tmp_path, world_of_one):
     model, optimizer = _state(0)
     ckpt = Checkpointer(tmp_path, keep=2, env=world_of_one, model_name="tiny")
     for step in (1, 2, 3):
-        ckpt.save(step, model, optimizer, {"step": step, "data": {"epoch": 0, "consumed": step}})
+        ckpt.save(step, model, optimizer, {"step": step, "data": {"epoch": 0, "samples": step}})
     assert [p.name for p in find_checkpoints(tmp_path)] == ["step_00000003", "step_00000002"]
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
 
     other, other_opt = _state(1)
-    loop_state = {"step": 0, "data": {"epoch": 0, "consumed": 0}}
+    loop_state = {"step": 0, "data": {"epoch": 0, "samples": 0}}
     ckpt.load(ckpt.choose("auto"), other, other_opt, loop_state)
-    assert loop_state == {"step": 3, "data": {"epoch": 0, "consumed": 3}}
+    assert loop_state == {"step": 3, "data": {"epoch": 0, "samples": 3}}
     for a, b in zip(model.parameters(), other.parameters(), strict=True):
         assert torch.equal(a, b)
     exp_avg = optimizer.state[next(model.parameters())]["exp_avg"]
@@ -75,8 +76,10 @@ def test_corrupt_newest_falls_back_with_a_warning(tmp_path, world_of_one, caplog
 def test_a_checkpoint_of_another_model_is_refused(tmp_path, world_of_one):
     model, optimizer = _state(0)
     Checkpointer(tmp_path, 1, world_of_one, "tiny").save(1, model, optimizer, {"step": 1})
-    with pytest.raises(ConfigError, match="holds a --model tiny checkpoint, not small"):
-        Checkpointer(tmp_path, 1, world_of_one, "small").choose("auto")
+    for resume in ("auto", str(tmp_path / "checkpoints" / "step_00000001")):
+        with pytest.raises(ConfigError, match="holds a --model tiny checkpoint, not small"):
+            parse_config(["--model", "small", "--output-dir", str(tmp_path), "--resume", resume],
+                         "trainers.ddp", world_sizes=[1])
 
 
 def test_trainer_resumes_past_a_corrupt_checkpoint(tmp_path):

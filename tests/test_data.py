@@ -46,7 +46,7 @@ def test_epochs_reshuffle_deterministically():
     stream = BatchStream(data, 4, 0, 1, seed=7)
     first = [next(stream)[0] for _ in range(8)]
     second = [next(stream)[0] for _ in range(8)]
-    assert stream.state_dict() == {"epoch": 1, "consumed": 8}
+    assert stream.state_dict() == {"epoch": 1, "samples": 32}
     assert not all(torch.equal(x, y) for x, y in zip(first, second, strict=True))
     again = BatchStream(data, 4, 0, 1, seed=7)
     assert all(torch.equal(x, next(again)[0]) for x in first)
@@ -62,6 +62,22 @@ def test_a_resumed_stream_continues_with_the_next_batch():
     resumed = BatchStream(data, 4, 1, 2, seed=7)
     resumed.load_state_dict(partial.state_dict())
     assert all(torch.equal(x, next(resumed)[0]) for x in expected[5:])
+
+
+def test_a_stream_resumes_at_another_data_parallel_size():
+    """Two replicas' first k global batches are one replica's first k batches, and on."""
+    data = MarkovChainDataset(256, 16, 32, seed=3)
+    two = [BatchStream(data, 2, rank, 2, seed=7) for rank in range(2)]
+    for _ in range(3):  # three global batches of 4
+        for stream in two:
+            next(stream)
+    one = BatchStream(data, 4, 0, 1, seed=7)
+    one.load_state_dict(two[0].state_dict())
+    reference = BatchStream(data, 4, 0, 1, seed=7)
+    for _ in range(3):
+        next(reference)
+    for _ in range(6):  # into the next epoch
+        assert torch.equal(next(one)[0], next(reference)[0])
 
 
 def test_eval_batches_are_fixed_and_sharded():

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -25,57 +24,18 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from trainers.config import ConfigError
+from trainers.checkpoint_files import (
+    CHECKPOINTS,
+    MANIFEST,
+    PREFIX,
+    crc32,
+    find_checkpoints,
+    verify,
+)
 from trainers.distributed import DistEnv
+from trainers.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-CHECKPOINTS = "checkpoints"
-MANIFEST = "manifest.json"
-PREFIX = "step_"
-
-
-def _step_of(path: Path) -> int:
-    return int(path.name[len(PREFIX):])
-
-
-def find_checkpoints(path: Path) -> list[Path]:
-    """Finished checkpoints at ``path`` (a run, its checkpoints/ or one step_N), newest first."""
-    if path.name.startswith(PREFIX) and (path / MANIFEST).exists():
-        return [path]
-    for folder in (path / CHECKPOINTS, path):
-        if folder.is_dir():
-            found = [p for p in folder.iterdir()
-                     if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
-            if found:
-                return sorted(found, key=_step_of, reverse=True)
-    return []
-
-
-def _crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def verify(path: Path) -> str | None:
-    """None if every file in ``path``'s manifest is intact, else what is wrong."""
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError) as err:
-        return f"unreadable {MANIFEST} ({err.__class__.__name__})"
-    for name, (size, crc) in manifest["files"].items():
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size != size:
-            return f"{name} has {file.stat().st_size} bytes, expected {size}"
-        if _crc32(file) != crc:
-            return f"{name} fails its CRC-32 check"
-    return None
-
 
 class _TrainState(Stateful):
     """Model and optimizer through DCP's state-dict API, plus the loop's own state."""
@@ -129,7 +89,7 @@ class Checkpointer:
         torch.save(_rng_state(), tmp / f"rng_rank{self.env.rank}.pt")
         dist.barrier()
         if self.env.is_main:
-            files = {p.name: [p.stat().st_size, _crc32(p)] for p in sorted(tmp.iterdir())}
+            files = {p.name: [p.stat().st_size, crc32(p)] for p in sorted(tmp.iterdir())}
             manifest = {"step": step, "model": self.model_name,
                         "world_size": self.env.world_size, "files": files}
             with open(tmp / MANIFEST, "w") as f:
@@ -170,11 +130,6 @@ class Checkpointer:
         for path in candidates:
             problem = verify(path)
             if problem is None:
-                saved = json.loads((path / MANIFEST).read_text())["model"]
-                if saved != self.model_name:
-                    raise ConfigError(
-                        f"{path} holds a --model {saved} checkpoint, not {self.model_name}; pass "
-                        f"--model {saved}, another --output-dir or --resume none")
                 return path
             log.warning("checkpoint %s is corrupt (%s); falling back to an older one",
                         path, problem)

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from trainers.model import MODEL_SIZES
-
-
-class ConfigError(ValueError):
-    """A bad argument; the message is one line that says what to change."""
+from trainers.checkpoint_files import find_checkpoints, saved_model
+from trainers.errors import ConfigError
+from trainers.shapes import MODEL_SIZES
+from trainers.token_file import check_token_file
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -63,6 +62,16 @@ class TrainConfig:
                        choices=["auto", "cpu", "cuda"])
     backend: str = _opt("auto", "process-group backend: auto (nccl on cuda, else gloo), gloo, nccl",
                         choices=["auto", "gloo", "nccl"])
+    # parallelism (each option belongs to the trainers listed in TRAINER_OPTIONS)
+    tp: int = _opt(1, "tensor-parallel degree: ranks that split each block's matmuls")
+    dp: int = _opt(0, "data-parallel degree (0: world size / tp); dp x tp must equal the "
+                   "world size")
+    sequence_parallel: bool = _opt(False, "shard norms and the residual stream along the sequence "
+                                   "between tensor-parallel regions")
+    reshard_after_forward: bool = _opt(True, "FSDP: free gathered parameters after forward "
+                                       "(ZeRO-3); false keeps them until backward (ZeRO-2)")
+    cpu_offload: bool = _opt(False, "FSDP: keep sharded parameters, gradients and optimizer "
+                             "state in CPU memory; the optimizer steps on the CPU")
     # evaluation, logging, checkpoints
     eval_every: int = _opt(50, "evaluate every K steps (0: never)")
     eval_batches: int = _opt(4, "micro-batches per rank in each evaluation")
@@ -81,8 +90,23 @@ class TrainConfig:
         """Sequences per micro-batch on each of ``dp_size`` data-parallel ranks."""
         return self.batch_size // (self.grad_accum * dp_size)
 
+    def dp_size(self, world_size: int) -> int:
+        """Data-parallel replicas in a world of ``world_size`` ranks."""
+        return self.dp or world_size // self.tp
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# Options that only some trainers serve, with the trainers that do; a non-default value
+# passed to another trainer is an error.
+TRAINER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "tp": ("tensor_parallel",),
+    "dp": ("tensor_parallel",),
+    "sequence_parallel": ("tensor_parallel",),
+    "reshard_after_forward": ("fsdp", "tensor_parallel"),
+    "cpu_offload": ("fsdp",),
+}
 
 
 def _str2bool(value: str) -> bool:
@@ -120,9 +144,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def validate(cfg: TrainConfig, dp_sizes: Sequence[int], prog: str,
+def validate(cfg: TrainConfig, world_sizes: Sequence[int], prog: str,
              check_paths: bool = True) -> TrainConfig:
-    """Check ``cfg`` for every data-parallel size the job may run at; fill derived fields.
+    """Check ``cfg`` for ``prog`` at every world size the job may run at; fill derived fields.
 
     ``check_paths`` also checks the data file, the output directory and ``--resume`` on this
     machine (a component submitting to a cluster may not see them).
@@ -154,11 +178,18 @@ def validate(cfg: TrainConfig, dp_sizes: Sequence[int], prog: str,
                           f"of {context}; pass --seq-len <= {context}")
     if cfg.seq_len == 0:
         cfg.seq_len = context
-    if not dp_sizes:
-        raise ConfigError("no data-parallel size given")
-    for dp in dp_sizes:
-        if dp < 1:
-            raise ConfigError(f"data-parallel size must be >= 1, got {dp}")
+    _check_trainer_options(cfg, prog)
+    _check_tensor_parallel(cfg)
+    if not world_sizes:
+        raise ConfigError("no world size given")
+    for world in world_sizes:
+        if world % cfg.tp:
+            raise ConfigError(f"--tp {cfg.tp} does not divide the world size {world}; pass a "
+                              f"--tp that divides the number of ranks")
+        dp = cfg.dp_size(world)
+        if dp * cfg.tp != world:
+            raise ConfigError(f"--dp {cfg.dp} x --tp {cfg.tp} != world size {world}; pass "
+                              f"--dp {world // cfg.tp} or --dp 0")
         if cfg.batch_size % (cfg.grad_accum * dp):
             raise ConfigError(
                 f"--batch-size {cfg.batch_size} is not divisible by --grad-accum {cfg.grad_accum} "
@@ -170,20 +201,48 @@ def validate(cfg: TrainConfig, dp_sizes: Sequence[int], prog: str,
     return cfg
 
 
+def _check_trainer_options(cfg: TrainConfig, prog: str) -> None:
+    trainer = prog.rsplit(".", 1)[-1]
+    defaults = TrainConfig()
+    for name, trainers in TRAINER_OPTIONS.items():
+        if getattr(cfg, name) != getattr(defaults, name) and trainer not in trainers:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} is not served by {prog}; use "
+                              + " or ".join(f"trainers.{t}" for t in trainers) + f" or drop {flag}")
+    if cfg.cpu_offload and cfg.device == "cuda" and cfg.backend == "gloo":
+        raise ConfigError("--cpu-offload with --backend gloo on cuda cannot all-gather offloaded "
+                          "shards; pass --backend nccl or auto")
+
+
+def _check_tensor_parallel(cfg: TrainConfig) -> None:
+    if cfg.tp < 1 or cfg.dp < 0:
+        raise ConfigError(f"--tp must be >= 1 and --dp >= 0, got --tp {cfg.tp} --dp {cfg.dp}")
+    shape = MODEL_SIZES[cfg.model]
+    for what, size in (("heads", shape.n_heads), ("hidden size", shape.d_model)):
+        if size % cfg.tp:
+            raise ConfigError(f"--tp {cfg.tp} does not divide the {cfg.model} model's {what} "
+                              f"({size}); pass a --tp that divides {size}")
+    if cfg.sequence_parallel and cfg.tp == 1:
+        raise ConfigError("--sequence-parallel needs --tp > 1")
+
+
 def _check_paths(cfg: TrainConfig) -> None:
     _check_writable(Path(cfg.output_dir))
     if cfg.data != "synthetic":
-        from trainers.data import check_token_file
-
         check_token_file(Path(cfg.data), cfg.seq_len, MODEL_SIZES[cfg.model].vocab_size)
-    from trainers.checkpoint import find_checkpoints
-
-    if cfg.resume == "none" and find_checkpoints(Path(cfg.output_dir) / "checkpoints"):
-        raise ConfigError(f"--resume none, but {cfg.output_dir} already holds checkpoints; "
-                          "pass --resume auto or a new --output-dir")
-    if cfg.resume not in ("auto", "none") and not find_checkpoints(Path(cfg.resume)):
+    if cfg.resume == "none":
+        if find_checkpoints(Path(cfg.output_dir) / "checkpoints"):
+            raise ConfigError(f"--resume none, but {cfg.output_dir} already holds checkpoints; "
+                              "pass --resume auto or a new --output-dir")
+        return
+    source = Path(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
+    if cfg.resume != "auto" and not find_checkpoints(source):
         raise ConfigError(f"--resume {cfg.resume}: no checkpoint there; pass a run directory "
                           "holding checkpoints/step_*, a step_* directory, auto or none")
+    saved = saved_model(source)
+    if saved is not None and saved != cfg.model:
+        raise ConfigError(f"{source} holds a --model {saved} checkpoint, not {cfg.model}; pass "
+                          f"--model {saved}, another --output-dir or --resume none")
 
 
 def _check_writable(path: Path) -> None:
@@ -199,18 +258,19 @@ def _check_writable(path: Path) -> None:
         raise ConfigError(f"--output-dir {path}: {probe} is not writable; pass a writable path")
 
 
-def parse_config(argv: Sequence[str] | None, prog: str, dp_sizes: Sequence[int] | None = None,
+def parse_config(argv: Sequence[str] | None, prog: str,
+                 world_sizes: Sequence[int] | None = None,
                  check_paths: bool = True) -> TrainConfig:
-    """Parse and validate trainer arguments.
+    """Parse and validate the arguments of trainer ``prog`` (e.g. ``trainers.fsdp``).
 
-    ``dp_sizes`` lists the data-parallel sizes the job may run at (a component passes every
+    ``world_sizes`` lists the numbers of ranks the job may run at (a component passes every
     size its node range allows); by default it is this process's ``WORLD_SIZE``.
     """
     namespace = build_parser(prog).parse_args(list(sys.argv[1:] if argv is None else argv))
     cfg = TrainConfig(**vars(namespace))
-    if dp_sizes is None:
-        dp_sizes = [int(os.environ.get("WORLD_SIZE", "1"))]
-    return validate(cfg, dp_sizes, prog, check_paths)
+    if world_sizes is None:
+        world_sizes = [int(os.environ.get("WORLD_SIZE", "1"))]
+    return validate(cfg, world_sizes, prog, check_paths)
 
 
 @contextlib.contextmanager

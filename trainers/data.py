@@ -17,13 +17,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainers.config import ConfigError, TrainConfig
+from trainers.config import TrainConfig
+from trainers.errors import ConfigError
+from trainers.token_file import TOKEN_DTYPE, TOKEN_FILE_HEADER, read_header
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-TOKEN_FILE_MAGIC = b"TXTOKEN1"
-TOKEN_FILE_HEADER = 16  # magic (8 bytes), vocab size (uint32), reserved (uint32)
-TOKEN_DTYPE = np.uint16
 
 
 class MarkovChainDataset(Dataset[Batch]):
@@ -77,46 +75,6 @@ def _uniform_simplex(rows: int, size: int, gen: torch.Generator) -> torch.Tensor
     return (draws / draws.sum(1, keepdim=True)).float()
 
 
-def write_token_file(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
-    """Write ``tokens`` (ids below ``vocab_size``) as a token file for :class:`TokenFileDataset`."""
-    if vocab_size > np.iinfo(TOKEN_DTYPE).max + 1:
-        raise ValueError(f"vocab size {vocab_size} does not fit {np.dtype(TOKEN_DTYPE).name}")
-    header = TOKEN_FILE_MAGIC + np.array([vocab_size, 0], dtype="<u4").tobytes()
-    with open(path, "wb") as out:
-        out.write(header)
-        out.write(np.ascontiguousarray(tokens, dtype="<u2").tobytes())
-
-
-def _read_header(path: Path) -> int:
-    """The vocab size in ``path``'s header; ConfigError if it is no token file."""
-    if not path.is_file():
-        raise ConfigError(f"--data {path}: no such file; make one with "
-                          "`python -m trainers.tokenize TEXT_FILE OUT.bin` or use synthetic")
-    with open(path, "rb") as f:
-        header = f.read(TOKEN_FILE_HEADER)
-    if not header:
-        raise ConfigError(f"--data {path}: the file is empty; tokenize a non-empty text file")
-    if len(header) < TOKEN_FILE_HEADER or header[:8] != TOKEN_FILE_MAGIC:
-        raise ConfigError(f"--data {path}: not a token file; make one with "
-                          "`python -m trainers.tokenize TEXT_FILE OUT.bin`")
-    return int(np.frombuffer(header[8:12], dtype="<u4")[0])
-
-
-def check_token_file(path: Path, seq_len: int, model_vocab: int) -> None:
-    """Raise ConfigError unless ``path`` is a token file that trains a model of this shape."""
-    vocab = _read_header(path)
-    tokens = (path.stat().st_size - TOKEN_FILE_HEADER) // np.dtype(TOKEN_DTYPE).itemsize
-    if tokens == 0:
-        raise ConfigError(f"--data {path}: the token file holds no tokens; tokenize a "
-                          "non-empty text file")
-    if vocab > model_vocab:
-        raise ConfigError(f"--data {path}: vocab size {vocab} exceeds the model's "
-                          f"{model_vocab}; pick a model with a larger vocabulary")
-    if tokens // seq_len < 2:
-        raise ConfigError(f"--data {path}: {tokens} tokens make fewer than two sequences of "
-                          f"{seq_len}; use more text or a smaller --seq-len")
-
-
 class TokenFileDataset(Dataset[Batch]):
     """Non-overlapping windows of a memory-mapped token file.
 
@@ -124,7 +82,7 @@ class TokenFileDataset(Dataset[Batch]):
     """
 
     def __init__(self, path: Path, seq_len: int, split: str, val_fraction: float) -> None:
-        self.vocab_size = _read_header(path)
+        self.vocab_size = read_header(path)
         self.tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=TOKEN_FILE_HEADER)
         self.seq_len = seq_len
         windows = (len(self.tokens) - 1) // seq_len
@@ -168,8 +126,11 @@ class _ResumableSampler(DistributedSampler):
 class BatchStream:
     """Endless micro-batches of one data-parallel rank, epoch after epoch, with a position.
 
-    ``state_dict()`` is ``{"epoch", "consumed"}`` (micro-batches already returned this epoch);
-    a stream built with that state continues with exactly the batches that would have come next.
+    ``state_dict()`` is ``{"epoch", "samples"}``: the epoch and the sequences all replicas
+    consumed in it. Rank ``r`` of ``n`` reads the epoch's permutation at ``r, r+n, ...``, so
+    the first ``k`` global batches are the same sequences at any data-parallel size; a stream
+    built with that state, at this size or another that divides it, continues with exactly
+    the sequences that would have come next.
     """
 
     def __init__(self, dataset: Dataset[Batch], micro_batch: int, dp_rank: int, dp_size: int,
@@ -188,15 +149,21 @@ class BatchStream:
             num_workers=num_workers, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor if num_workers else None,
             persistent_workers=num_workers > 0)
+        self.dp_size = dp_size
         self.epoch = 0
-        self.consumed = 0
+        self.offset = 0  # sequences this rank consumed in the epoch
         self._iter: Iterator[Batch] | None = None
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "consumed": self.consumed}
+        return {"epoch": self.epoch, "samples": self.offset * self.dp_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        samples = int(state["samples"])
+        if samples % self.dp_size:
+            raise ConfigError(f"the checkpoint's data position ({samples} sequences) does not "
+                              f"divide over {self.dp_size} replicas; resume at a data-parallel "
+                              "size that divides the global batch")
+        self.epoch, self.offset = int(state["epoch"]), samples // self.dp_size
         self._iter = None
 
     def __iter__(self) -> BatchStream:
@@ -206,13 +173,13 @@ class BatchStream:
         while True:
             if self._iter is None:
                 self.sampler.set_epoch(self.epoch)
-                self.sampler.start = self.consumed * self.loader.batch_size
+                self.sampler.start = self.offset
                 self._iter = iter(self.loader)
             batch = next(self._iter, None)
             if batch is not None:
-                self.consumed += 1
+                self.offset += len(batch[0])
                 return batch
-            self.epoch, self.consumed, self._iter = self.epoch + 1, 0, None
+            self.epoch, self.offset, self._iter = self.epoch + 1, 0, None
 
 
 def eval_batches(dataset: Dataset[Batch], micro_batch: int, dp_rank: int, dp_size: int,

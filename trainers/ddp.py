@@ -25,7 +25,8 @@ class DDPStrategy(Strategy):
     def __init__(self, model: nn.Module, env: DistEnv) -> None:
         if env.world_size > 1:
             device_ids = [env.device.index] if env.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=device_ids)
+            model = DistributedDataParallel(model, device_ids=device_ids,
+                                            gradient_as_bucket_view=True)
         super().__init__(model, dp_rank=env.rank, dp_size=env.world_size)
 
     def no_sync(self) -> contextlib.AbstractContextManager[None]:

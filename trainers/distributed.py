@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from trainers.config import ConfigError, TrainConfig
+from trainers.config import TrainConfig
+from trainers.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     checkpoint_wrapper,
 )
+from torch.distributed.tensor import DTensor
 
 from trainers.checkpoint import Checkpointer
 from trainers.config import TrainConfig
@@ -36,7 +37,8 @@ from trainers.metrics import (
     peak_memory_bytes,
     write_summary,
 )
-from trainers.model import MODEL_SIZES, Transformer, build_model
+from trainers.model import Transformer, build_model
+from trainers.shapes import MODEL_SIZES
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,10 @@ class Strategy:
         """Context in which backward does not synchronise gradients across replicas."""
         return contextlib.nullcontext()
 
+    def autocast(self, dtype: str, device: torch.device) -> contextlib.AbstractContextManager:
+        """The compute-dtype context of forward passes: bf16 autocast when asked for."""
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+
     def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of one micro-batch."""
         logits = self.model(inputs)
@@ -104,9 +110,30 @@ class Strategy:
         self.model.train()
         return torch.stack(losses).mean()
 
-    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        """Global gradient norm before clipping to ``max_norm`` (0: measure only)."""
-        return nn.utils.clip_grad_norm_(self.model.parameters(), max_norm or math.inf)
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Global gradient norm before clipping to ``max_norm`` (0: measure only).
+
+        Gradients may be local tensors or DTensors sharded over any mesh: each group of equal
+        placement is reduced to a full norm once, so the result is the norm of the whole
+        unsharded gradient on every rank.
+        """
+        groups: dict[Any, list[torch.Tensor]] = {}
+        for param in self.model.parameters():
+            if param.grad is not None:
+                grad = param.grad
+                key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
+                groups.setdefault(key, []).append(grad)
+        squares = []
+        for grads in groups.values():
+            norm = nn.utils.get_total_norm(grads, foreach=True)
+            if isinstance(norm, DTensor):
+                norm = norm.full_tensor()
+            squares.append(norm.float() ** 2)
+        total = torch.stack(squares).sum().sqrt().item()
+        if max_norm and total > max_norm:
+            for grads in groups.values():
+                torch._foreach_mul_(grads, max_norm / (total + 1e-6))
+        return total
 
     def mean_over_replicas(self, value: torch.Tensor) -> float:
         """``value`` averaged over the data-parallel replicas."""
@@ -118,12 +145,12 @@ class Strategy:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices and embeddings, none on norms and biases."""
+    """AdamW (fused kernel) with weight decay on matrices and embeddings, none on norms."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -133,10 +160,6 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     span = max(1, cfg.steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def _autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[None]:
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16")
 
 
 def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
@@ -167,9 +190,10 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
         writer.print(f"resumed from {resume_from} at step {start_step}")
     compute_dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
     peak_flops = (cfg.peak_tflops * 1e12 or measure_peak_flops(env.device, compute_dtype))
-    flops_per_token = model_cfg.flops_per_token(cfg.seq_len)
+    # MFU = tokens/s x model FLOPs per token / (peak FLOP/s per device x devices)
+    mfu_per_token_per_s = model_cfg.flops_per_token(cfg.seq_len) / (peak_flops * env.world_size)
     tokens_per_step = cfg.batch_size * cfg.seq_len
-    autocast = _autocast(cfg, env.device)
+    autocast = strategy.autocast(cfg.dtype, env.device)
     history: list[dict[str, float]] = []
     wall_start = time.perf_counter()
     for step in range(start_step + 1, cfg.steps + 1):
@@ -188,12 +212,11 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
-        metrics = {"loss": strategy.mean_over_replicas(loss), "grad_norm": float(grad_norm),
-                   "lr": lr}
+        metrics = {"loss": strategy.mean_over_replicas(loss), "grad_norm": grad_norm, "lr": lr}
         elapsed = time.perf_counter() - step_start
         metrics.update(
             step_time_s=elapsed, tokens_per_s=tokens_per_step / elapsed,
-            mfu=tokens_per_step * flops_per_token / elapsed / (peak_flops * env.world_size),
+            mfu=tokens_per_step / elapsed * mfu_per_token_per_s,
             peak_memory_bytes=float(peak_memory_bytes(env.device)), data_share=data_time / elapsed)
         if val and (step % cfg.eval_every == 0 or step == cfg.steps):
             metrics["eval_loss"] = strategy.mean_over_replicas(strategy.eval_loss(val, autocast))
@@ -207,7 +230,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
             checkpointer.save(step, strategy.model, optimizer, loop_state)
     writer.close()
     summary = _summarize(cfg, env, history, start_step, time.perf_counter() - wall_start,
-                         train_set, model_cfg.num_params())
+                         train_set, mfu_per_token_per_s)
     if env.is_main and history:
         write_summary(run_dir, summary)
         writer.print("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
@@ -216,18 +239,21 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
 
 
 def _summarize(cfg: TrainConfig, env: DistEnv, history: list[dict[str, float]],
-               start_step: int, wall_time: float, train_set: Any, params: int) -> dict[str, Any]:
-    """Final figures; throughput and MFU average every step but the first (warm-up)."""
+               start_step: int, wall_time: float, train_set: Any,
+               mfu_per_token_per_s: float) -> dict[str, Any]:
+    """Final figures; throughput and MFU from the mean step time after 3 warm-up steps."""
     if not history:
         return {"steps": start_step, "note": "already complete"}
-    timed = history[1:] or history
+    timed = history[3:] or history
     step_time = sum(m["step_time_s"] for m in timed) / len(timed)
+    tokens_per_s = cfg.batch_size * cfg.seq_len / step_time
     summary: dict[str, Any] = {
-        "model": cfg.model, "params": params, "world_size": env.world_size,
+        "model": cfg.model, "params": MODEL_SIZES[cfg.model].num_params(),
+        "world_size": env.world_size,
         "steps": cfg.steps, "resumed_from_step": start_step,
         "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],
-        "tokens_per_s": cfg.batch_size * cfg.seq_len / step_time,
-        "mfu": sum(m["mfu"] for m in timed) / len(timed),
+        "tokens_per_s": tokens_per_s,
+        "mfu": tokens_per_s * mfu_per_token_per_s,
         "peak_memory_bytes": int(max(m["peak_memory_bytes"] for m in history)),
         "data_share": sum(m["data_share"] for m in timed) / len(timed),
         "wall_time_s": wall_time,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainers.data import write_token_file
+from trainers.token_file import write_token_file
 
 BYTE_VOCAB = 256
 

@@ -1,0 +1,1 @@
+"""Benchmarks of the trainers: ``python -m bench.throughput`` (see docs/benchmarks.md)."""
