@@ -23,6 +23,8 @@ TINY = ["--model", "tiny", "--batch-size", "8", "--steps", "8", "--warmup-steps"
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # torchx's local_cwd runs `torchrun` from PATH: take this interpreter's environment's.
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
@@ -53,6 +55,14 @@ def assert_close(actual: dict[int, float], expected: dict[int, float], rel: floa
     for step in expected:
         diff = abs(actual[step] - expected[step]) / abs(expected[step])
         assert diff <= rel, f"step {step}: {actual[step]} vs {expected[step]} (rel {diff:.2e})"
+
+
+@pytest.fixture(scope="session")
+def single_process(tmp_path_factory) -> dict[int, float]:
+    """Per-step losses of the reference: one process, global batch 16, no accumulation."""
+    run_dir = tmp_path_factory.mktemp("single")
+    run_trainer([*TINY, "--batch-size", "16", "--output-dir", str(run_dir)])
+    return losses(run_dir)
 
 
 @pytest.fixture

@@ -14,17 +14,22 @@ from tests.conftest import REPO, _env
 pytestmark = pytest.mark.slow
 
 
-def test_ddp_component_on_local_cwd(tmp_path):
+@pytest.mark.parametrize("component, j, extra", [
+    ("ddp", "1x2", []),
+    ("fsdp", "1x2", ["--reshard-after-forward", "false"]),
+    ("tensor_parallel", "1x4", ["--tp", "2", "--sequence-parallel"]),  # 2 x 2 mesh
+])
+def test_component_on_local_cwd(tmp_path, component, j, extra):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd",
-           "components/ddp.py:ddp", "-j", "1x2", "--",
+           f"components/{component}.py:{component}", "-j", j, "--",
            "--model", "tiny", "--steps", "40", "--batch-size", "16", "--eval-every", "20",
-           "--output-dir", str(run_dir)]
+           "--output-dir", str(run_dir), *extra]
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Job finished: SUCCEEDED" in proc.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["world_size"] == 2
+    assert summary["world_size"] == int(j[0]) * int(j[-1])
     assert summary["first_loss"] > math.log(256) - 0.2
     assert summary["final_loss"] < summary["first_loss"] - 1.5
     assert summary["final_eval_loss"] < math.log(256) - 1.5

@@ -129,3 +129,48 @@ def test_component_builds_on_dist_ddp():
 def test_component_keeps_a_given_output_dir():
     command = ddp("--output-dir=/tmp/somewhere").roles[0].args[-1]
     assert command.endswith("-m trainers.ddp --output-dir=/tmp/somewhere")
+
+
+def parse_for(trainer: str, *args: str, world: int, tmp: Path):
+    return parse_config(["--output-dir", str(tmp / "run"), *args], f"trainers.{trainer}",
+                        world_sizes=[world])
+
+
+def test_tensor_parallel_degrees(tmp_path):
+    cfg = parse_for("tensor_parallel", "--tp", "2", "--batch-size", "8", world=4, tmp=tmp_path)
+    assert cfg.dp_size(4) == 2 and cfg.micro_batch(2) == 4
+    with pytest.raises(ConfigError, match=r"--tp 3 does not divide the tiny model's heads \(4\)"):
+        parse_for("tensor_parallel", "--tp", "3", world=3, tmp=tmp_path)
+    with pytest.raises(ConfigError, match="--tp 4 does not divide the world size 2"):
+        parse_for("tensor_parallel", "--tp", "4", world=2, tmp=tmp_path)
+    with pytest.raises(ConfigError, match=r"--dp 3 x --tp 2 != world size 4; pass --dp 2"):
+        parse_for("tensor_parallel", "--tp", "2", "--dp", "3", world=4, tmp=tmp_path)
+    with pytest.raises(ConfigError, match="--sequence-parallel needs --tp > 1"):
+        parse_for("tensor_parallel", "--sequence-parallel", world=2, tmp=tmp_path)
+
+
+@pytest.mark.parametrize("trainer, args, served_by", [
+    ("ddp", ["--tp", "2"], "trainers.tensor_parallel"),
+    ("fsdp", ["--sequence-parallel"], "trainers.tensor_parallel"),
+    ("ddp", ["--reshard-after-forward", "false"], "trainers.fsdp or trainers.tensor_parallel"),
+    ("ddp", ["--cpu-offload"], "trainers.fsdp"),
+    ("tensor_parallel", ["--cpu-offload"], "trainers.fsdp"),
+])
+def test_options_a_trainer_cannot_serve(tmp_path, trainer, args, served_by):
+    with pytest.raises(ConfigError, match=f"is not served by trainers.{trainer}; use {served_by}"):
+        parse_for(trainer, *args, world=2, tmp=tmp_path)
+
+
+def test_sharded_components_validate_before_scheduling():
+    from components.fsdp import fsdp
+    from components.tensor_parallel import tensor_parallel
+
+    assert "-m trainers.fsdp" in fsdp("--cpu-offload", j="1x2").roles[0].args[-1]
+    with pytest.raises(ComponentArgumentError, match="--tp 4 does not divide the world size 2"):
+        tensor_parallel("--tp", "4", j="1x2")
+    with pytest.raises(ComponentArgumentError, match="does not divide the tiny model's heads"):
+        tensor_parallel("--tp", "3", j="1x3")
+    with pytest.raises(ComponentArgumentError, match="is not served by trainers.fsdp"):
+        fsdp("--tp", "2")
+    command = tensor_parallel("--tp", "2", j="2x2").roles[0].args[-1]
+    assert "--nnodes 2 --nproc_per_node 2" in command and "-m trainers.tensor_parallel" in command

@@ -13,14 +13,6 @@ from tests.conftest import TINY, assert_close, losses, run_trainer
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def single_process(tmp_path_factory):
-    """One process, global batch 16, no accumulation: the reference."""
-    run_dir = tmp_path_factory.mktemp("single")
-    run_trainer([*TINY, "--batch-size", "16", "--output-dir", str(run_dir)])
-    return losses(run_dir)
-
-
 def test_reference_loss_falls(single_process):
     assert single_process[8] < single_process[1] - 0.3
 

@@ -209,9 +209,6 @@ def _check_trainer_options(cfg: TrainConfig, prog: str) -> None:
             flag = "--" + name.replace("_", "-")
             raise ConfigError(f"{flag} is not served by {prog}; use "
                               + " or ".join(f"trainers.{t}" for t in trainers) + f" or drop {flag}")
-    if cfg.cpu_offload and cfg.device == "cuda" and cfg.backend == "gloo":
-        raise ConfigError("--cpu-offload with --backend gloo on cuda cannot all-gather offloaded "
-                          "shards; pass --backend nccl or auto")
 
 
 def _check_tensor_parallel(cfg: TrainConfig) -> None:

@@ -17,6 +17,9 @@ from torch.nn.parallel import DistributedDataParallel
 from trainers.config import exit_on_config_error, parse_or_exit
 from trainers.distributed import DistEnv, init_distributed
 from trainers.loop import Strategy, prepare_model, train
+from trainers.parallelize import apply_activation_checkpointing
+
+PROG = "trainers.ddp"
 
 
 class DDPStrategy(Strategy):
@@ -37,9 +40,12 @@ class DDPStrategy(Strategy):
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = parse_or_exit(argv, "trainers.ddp")
-    with exit_on_config_error("trainers.ddp"), init_distributed(cfg) as env:
-        train(cfg, env, DDPStrategy(prepare_model(cfg, env.device), env))
+    cfg = parse_or_exit(argv, PROG)
+    with exit_on_config_error(PROG), init_distributed(cfg) as env:
+        model = prepare_model(cfg, env.device)
+        if cfg.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        train(cfg, env, DDPStrategy(model, env))
 
 
 if __name__ == "__main__":

@@ -20,10 +20,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    CheckpointImpl,
-    checkpoint_wrapper,
-)
 from torch.distributed.tensor import DTensor
 
 from trainers.checkpoint import Checkpointer
@@ -44,15 +40,9 @@ log = logging.getLogger(__name__)
 
 
 def prepare_model(cfg: TrainConfig, device: torch.device) -> Transformer:
-    """The configured model on ``device``, identical on every rank (seeded), with per-block
-    activation checkpointing (non-reentrant) when asked for."""
+    """The configured model on ``device``, identical on every rank (seeded from ``--seed``)."""
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, cfg.dropout).to(device)
-    if cfg.activation_checkpointing:
-        for name, block in list(model.blocks.items()):
-            model.blocks[name] = checkpoint_wrapper(block,
-                                                    checkpoint_impl=CheckpointImpl.NO_REENTRANT)
-    return model
+    return build_model(cfg.model, cfg.dropout).to(device)
 
 
 class Strategy:

@@ -1,0 +1,47 @@
+"""Tensor-parallel trainer, 2-D with FSDP: ``python -m trainers.tensor_parallel --tp 2 --help``.
+
+The ranks form a (dp x tp) mesh. Inside each group of ``--tp`` ranks every block's attention
+and MLP matmuls are split Megatron-style (DTensor ``parallelize_module``; optionally sequence
+parallel); across the ``dp`` groups the model is sharded with FSDP2 and each group trains on its
+own shard of the batch. Put the tp ranks of a group on one node: they communicate twice per
+block in forward and backward.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from torch.distributed.device_mesh import init_device_mesh
+
+from trainers.config import exit_on_config_error, parse_or_exit
+from trainers.distributed import init_distributed
+from trainers.loop import prepare_model, train
+from trainers.parallelize import (
+    ShardedStrategy,
+    apply_activation_checkpointing,
+    apply_fsdp,
+    apply_tensor_parallel,
+)
+
+PROG = "trainers.tensor_parallel"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cfg = parse_or_exit(argv, PROG)
+    with exit_on_config_error(PROG), init_distributed(cfg) as env:
+        dp = cfg.dp_size(env.world_size)
+        mesh = init_device_mesh(env.device.type, (dp, cfg.tp), mesh_dim_names=("dp", "tp"))
+        model = prepare_model(cfg, env.device)
+        apply_tensor_parallel(model, mesh["tp"], cfg.sequence_parallel)
+        if cfg.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        apply_fsdp(model, mesh["dp"], cfg.reshard_after_forward, cfg.dtype == "bf16",
+                   cfg.cpu_offload)
+        train(cfg, env, ShardedStrategy(model, dp_rank=mesh["dp"].get_local_rank(), dp_size=dp,
+                                        dp_group=mesh["dp"].get_group()))
+
+
+if __name__ == "__main__":
+    main()
