@@ -74,3 +74,18 @@ def test_fsdp_checkpoint_resumes_at_another_world_size(tmp_path, saved_on, resum
                        module="trainers.fsdp")
     assert "at step 4" in proc.stdout
     assert_close(losses(resumed), {s: v for s, v in losses(whole).items() if s > 4})
+
+
+def test_fsdp_cpu_offload_computes_the_same_losses(tmp_path, single_process):
+    run_trainer([*BATCH, "--cpu-offload", "--output-dir", str(tmp_path)], nproc=2,
+                module="trainers.fsdp")
+    assert_close(losses(tmp_path), single_process)
+
+
+def test_fsdp_bf16_mixed_precision_tracks_fp32(tmp_path, single_process):
+    """bf16 parameters and compute, fp32 reduction: close to fp32, not equal."""
+    run_trainer([*BATCH, "--dtype", "bf16", "--output-dir", str(tmp_path)], nproc=2,
+                module="trainers.fsdp")
+    bf16 = losses(tmp_path)
+    assert bf16 != single_process
+    assert_close(bf16, single_process, rel=2e-2)

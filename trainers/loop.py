@@ -135,12 +135,19 @@ class Strategy:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW (fused kernel) with weight decay on matrices and embeddings, none on norms."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)
+    """AdamW (fused kernel) with weight decay on matrices and embeddings, none on norms.
+
+    DTensors and plain tensors (tensor parallelism leaves embeddings and norms unsharded) go
+    to separate parameter groups: the fused kernel takes one kind per call.
+    """
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    for param in model.parameters():
+        if param.requires_grad:
+            groups.setdefault((param.dim() >= 2, isinstance(param, DTensor)), []).append(param)
+    return torch.optim.AdamW(
+        [{"params": params, "weight_decay": cfg.weight_decay if decay else 0.0}
+         for (decay, _), params in sorted(groups.items())],
+        lr=cfg.lr, betas=(0.9, 0.95), fused=True)
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:

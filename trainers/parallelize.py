@@ -88,6 +88,8 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: b
                bf16: bool, cpu_offload: bool) -> None:
     """FSDP2 ``fully_shard`` on each block, then on the root (embeddings, norm, head).
 
+    ``reshard_after_forward`` applies to the blocks; the root is never resharded after
+    forward, since backward starts with it (the head) at once.
     ``bf16``: parameters all-gathered and computed in bf16, gradients reduced in fp32, the
     sharded fp32 parameters kept as master weights. ``cpu_offload``: shards, gradients and
     optimizer state live in CPU memory (pinned only on CUDA; pinning needs a GPU).
@@ -99,8 +101,8 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: b
     for block in model.blocks.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
                     mp_policy=mp_policy, offload_policy=offload)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                mp_policy=mp_policy, offload_policy=offload)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp_policy,
+                offload_policy=offload)
 
 
 class ShardedStrategy(Strategy):

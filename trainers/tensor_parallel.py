@@ -2,9 +2,9 @@
 
 The ranks form a (dp x tp) mesh. Inside each group of ``--tp`` ranks every block's attention
 and MLP matmuls are split Megatron-style (DTensor ``parallelize_module``; optionally sequence
-parallel); across the ``dp`` groups the model is sharded with FSDP2 and each group trains on its
-own shard of the batch. Put the tp ranks of a group on one node: they communicate twice per
-block in forward and backward.
+parallel); across the ``dp`` groups (when there are more than one) the model is sharded with
+FSDP2 and each group trains on its own shard of the batch. Put the tp ranks of a group on one
+node: they communicate twice per block in forward and backward.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from trainers.config import exit_on_config_error, parse_or_exit
 from trainers.distributed import init_distributed
-from trainers.loop import prepare_model, train
+from trainers.loop import Strategy, prepare_model, train
 from trainers.parallelize import (
     ShardedStrategy,
     apply_activation_checkpointing,
@@ -37,6 +37,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         apply_tensor_parallel(model, mesh["tp"], cfg.sequence_parallel)
         if cfg.activation_checkpointing:
             apply_activation_checkpointing(model)
+        if dp == 1:
+            train(cfg, env, Strategy(model, dp_rank=0, dp_size=1))
+            return
         apply_fsdp(model, mesh["dp"], cfg.reshard_after_forward, cfg.dtype == "bf16",
                    cfg.cpu_offload)
         train(cfg, env, ShardedStrategy(model, dp_rank=mesh["dp"].get_local_rank(), dp_size=dp,
