@@ -7,12 +7,14 @@ before anything is scheduled.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torchx import specs
 from torchx.components import dist
 from torchx.specs.api import macros
 from torchx.specs.finder import ComponentValidationException
 
-from trainers.config import parse_config
+from trainers.config import TrainConfig, parse_config
 from trainers.errors import ConfigError
 
 # The image that container schedulers (kubernetes, local_docker) run; local_cwd ignores it.
@@ -57,11 +59,13 @@ def trainer_app(
     rdzv_port: int,
     mounts: list[str] | None,
     check_paths: bool,
+    check: Callable[[TrainConfig, int], None] | None = None,
 ) -> specs.AppDef:
     """The AppDef that runs ``python -m <module> <script_args>`` under torchrun via dist.ddp.
 
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
+    ``check(cfg, nproc_per_node)`` adds a component's own checks, raising ConfigError.
     """
     min_nodes, max_nodes, nproc = node_range(j)
     args = list(script_args)
@@ -69,7 +73,9 @@ def trainer_app(
         args += ["--output-dir", f"outputs/{macros.app_id}"]
     world_sizes = [nodes * nproc for nodes in range(min_nodes, max_nodes + 1)]
     try:
-        parse_config(args, prog=module, world_sizes=world_sizes, check_paths=check_paths)
+        cfg = parse_config(args, prog=module, world_sizes=world_sizes, check_paths=check_paths)
+        if check is not None:
+            check(cfg, nproc)
     except ConfigError as err:
         raise ComponentArgumentError(f"{module}: {err}") from None
     return dist.ddp(*args, m=module, image=image, name=module.rsplit(".", 1)[-1], h=h,

@@ -18,6 +18,8 @@ pytestmark = pytest.mark.slow
     ("ddp", "1x2", []),
     ("fsdp", "1x2", ["--reshard-after-forward", "false"]),
     ("tensor_parallel", "1x4", ["--tp", "2", "--sequence-parallel"]),  # 2 x 2 mesh
+    ("pipeline", "1x2", ["--pp", "2", "--schedule", "interleaved1f1b", "--virtual-stages", "2"]),
+    ("model_parallel", "1x1", ["--devices", "cpu,cpu"]),
 ])
 def test_component_on_local_cwd(tmp_path, component, j, extra):
     run_dir = tmp_path / "run"

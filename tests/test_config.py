@@ -174,3 +174,42 @@ def test_sharded_components_validate_before_scheduling():
         fsdp("--tp", "2")
     command = tensor_parallel("--tp", "2", j="2x2").roles[0].args[-1]
     assert "--nnodes 2 --nproc_per_node 2" in command and "-m trainers.tensor_parallel" in command
+
+
+@pytest.mark.parametrize("args, world, message", [
+    (["--pp", "2", "--virtual-stages", "3", "--schedule", "interleaved1f1b"], 2,
+     r"--pp 2 x --virtual-stages 3 = 6 stages do not divide the tiny model's 4 blocks"),
+    (["--pp", "2", "--microbatches", "3"], 2,
+     "each pipeline's batch of 32 sequences does not split into --microbatches 3"),
+    (["--pp", "4", "--microbatches", "2", "--batch-size", "8"], 4,
+     r"--schedule 1f1b needs --microbatches >= --pp \(4\), got 2"),
+    (["--pp", "2", "--schedule", "zb"], 2, "argument --schedule: invalid choice: 'zb'"),
+    (["--pp", "2", "--schedule", "interleaved1f1b"], 2,
+     "--schedule interleaved1f1b runs several stages per rank; pass --virtual-stages 2"),
+    (["--pp", "2", "--virtual-stages", "2"], 2,
+     "--schedule 1f1b runs one stage per rank; pass --virtual-stages 1"),
+    (["--pp", "3"], 4, "--pp 3 does not divide the world size 4"),
+    (["--pp", "2", "--dp", "3"], 4, r"--dp 3 x --pp 2 != world size 4; pass --dp 2"),
+    (["--pp", "2", "--grad-accum", "2"], 2, "the micro-batches are --microbatches"),
+    (["--pp", "1"], 2, "a pipeline needs 2 or more"),
+])
+def test_pipeline_arguments(tmp_path, args, world, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_for("pipeline", *args, world=world, tmp=tmp_path)
+
+
+def test_model_parallel_devices(tmp_path):
+    assert parse_for("model_parallel", "--devices", "cpu,cpu", world=1, tmp=tmp_path)
+    with pytest.raises(ConfigError, match="'gpu0' is not a device"):
+        parse_for("model_parallel", "--devices", "gpu0,cpu", world=1, tmp=tmp_path)
+
+
+def test_model_parallel_component_checks_devices_and_processes():
+    from components.model_parallel import model_parallel
+
+    with pytest.raises(ComponentArgumentError, match="cuda:1 does not exist with --gpu 1"):
+        model_parallel("--devices", "cuda:0,cuda:1", gpu=1)
+    with pytest.raises(ComponentArgumentError, match="pass -j <nodes>x1"):
+        model_parallel("--devices", "cpu,cpu", j="1x2")
+    command = model_parallel("--devices", "cuda:0,cuda:1", gpu=2, j="2x1").roles[0].args[-1]
+    assert "-m trainers.model_parallel --devices cuda:0,cuda:1" in command

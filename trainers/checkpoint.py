@@ -21,7 +21,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.stateful import Stateful
 
 from trainers.checkpoint_files import (
@@ -37,6 +41,11 @@ from trainers.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+# Optimizer state and hyper-parameters keyed by parameter name: ranks holding different
+# parameters (pipeline stages) then never write the same key with different contents.
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 class _TrainState(Stateful):
     """Model and optimizer through DCP's state-dict API, plus the loop's own state."""
 
@@ -45,12 +54,12 @@ class _TrainState(Stateful):
         self.model, self.optimizer, self.loop_state = model, optimizer, loop_state
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
         return {"model": model_sd, "optim": optim_sd, "loop": self.loop_state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+                       optim_state_dict=state["optim"], options=_OPTIONS)
         self.loop_state.update(state["loop"])
 
 

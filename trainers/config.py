@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,11 @@ from trainers.token_file import check_token_file
 def _opt(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 
+
+# Pipeline schedules and the stages per rank each runs: one, or two or more (virtual stages).
+SCHEDULE_STAGES = {"gpipe": "one", "1f1b": "one", "interleaved1f1b": "several",
+                   "zerobubble": "several"}
+DEVICE_PATTERN = re.compile(r"^(cpu|cuda:\d+)$")
 
 @dataclass
 class TrainConfig:
@@ -64,14 +70,24 @@ class TrainConfig:
                         choices=["auto", "gloo", "nccl"])
     # parallelism (each option belongs to the trainers listed in TRAINER_OPTIONS)
     tp: int = _opt(1, "tensor-parallel degree: ranks that split each block's matmuls")
-    dp: int = _opt(0, "data-parallel degree (0: world size / tp); dp x tp must equal the "
-                   "world size")
+    dp: int = _opt(0, "data-parallel degree (0: world size / (tp x pp)); dp x tp x pp must "
+                   "equal the world size")
     sequence_parallel: bool = _opt(False, "shard norms and the residual stream along the sequence "
                                    "between tensor-parallel regions")
     reshard_after_forward: bool = _opt(True, "FSDP: free gathered parameters after forward "
                                        "(ZeRO-3); false keeps them until backward (ZeRO-2)")
     cpu_offload: bool = _opt(False, "FSDP: keep sharded parameters, gradients and optimizer "
                              "state in CPU memory; the optimizer steps on the CPU")
+    pp: int = _opt(1, "pipeline-parallel degree: ranks each holding consecutive blocks")
+    virtual_stages: int = _opt(1, "pipeline stages per rank (2 or more for interleaved1f1b "
+                               "and zerobubble, 1 for gpipe and 1f1b)")
+    schedule: str = _opt("1f1b", "pipeline schedule", choices=list(SCHEDULE_STAGES))
+    microbatches: int = _opt(4, "pipeline micro-batches per step; each replica's batch is "
+                             "split into them")
+    record_timeline: bool = _opt(False, "pipeline: write every step's per-micro-batch forward "
+                                 "and backward intervals to timeline.rank<R>.jsonl")
+    devices: str = _opt("auto", "model parallel: devices to spread the blocks over, e.g. "
+                        "cuda:0,cuda:1 or cpu,cpu (auto: every visible GPU, else cpu,cpu)")
     # evaluation, logging, checkpoints
     eval_every: int = _opt(50, "evaluate every K steps (0: never)")
     eval_batches: int = _opt(4, "micro-batches per rank in each evaluation")
@@ -92,7 +108,7 @@ class TrainConfig:
 
     def dp_size(self, world_size: int) -> int:
         """Data-parallel replicas in a world of ``world_size`` ranks."""
-        return self.dp or world_size // self.tp
+        return self.dp or world_size // (self.tp * self.pp)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,10 +118,16 @@ class TrainConfig:
 # passed to another trainer is an error.
 TRAINER_OPTIONS: dict[str, tuple[str, ...]] = {
     "tp": ("tensor_parallel",),
-    "dp": ("tensor_parallel",),
+    "dp": ("tensor_parallel", "pipeline"),
     "sequence_parallel": ("tensor_parallel",),
     "reshard_after_forward": ("fsdp", "tensor_parallel"),
     "cpu_offload": ("fsdp",),
+    "pp": ("pipeline",),
+    "virtual_stages": ("pipeline",),
+    "schedule": ("pipeline",),
+    "microbatches": ("pipeline",),
+    "record_timeline": ("pipeline",),
+    "devices": ("model_parallel",),
 }
 
 
@@ -183,17 +205,24 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], prog: str,
     if not world_sizes:
         raise ConfigError("no world size given")
     for world in world_sizes:
-        if world % cfg.tp:
-            raise ConfigError(f"--tp {cfg.tp} does not divide the world size {world}; pass a "
-                              f"--tp that divides the number of ranks")
+        for flag, degree in (("--tp", cfg.tp), ("--pp", cfg.pp)):
+            if world % degree:
+                raise ConfigError(f"{flag} {degree} does not divide the world size {world}; "
+                                  f"pass a {flag} that divides the number of ranks")
         dp = cfg.dp_size(world)
-        if dp * cfg.tp != world:
-            raise ConfigError(f"--dp {cfg.dp} x --tp {cfg.tp} != world size {world}; pass "
-                              f"--dp {world // cfg.tp} or --dp 0")
+        if dp * cfg.tp * cfg.pp != world:
+            model = f"--tp {cfg.tp}" if cfg.pp == 1 else f"--pp {cfg.pp}"
+            raise ConfigError(f"--dp {cfg.dp} x {model} != world size {world}; pass "
+                              f"--dp {world // (cfg.tp * cfg.pp)} or --dp 0")
         if cfg.batch_size % (cfg.grad_accum * dp):
             raise ConfigError(
                 f"--batch-size {cfg.batch_size} is not divisible by --grad-accum {cfg.grad_accum} "
                 f"x data-parallel size {dp}; pass a multiple of {cfg.grad_accum * dp}")
+    if prog.endswith(".pipeline"):
+        for world in world_sizes:
+            _check_pipeline(cfg, cfg.micro_batch(cfg.dp_size(world)))
+    if prog.endswith(".model_parallel"):
+        _check_devices(cfg.devices)
     if not cfg.output_dir:
         cfg.output_dir = str(Path("outputs") / prog.rsplit(".", 1)[-1])
     if check_paths:
@@ -221,6 +250,46 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
                               f"({size}); pass a --tp that divides {size}")
     if cfg.sequence_parallel and cfg.tp == 1:
         raise ConfigError("--sequence-parallel needs --tp > 1")
+
+
+def _check_pipeline(cfg: TrainConfig, replica_batch: int) -> None:
+    """Degrees, schedule and micro-batches that torch.distributed.pipelining can run."""
+    if cfg.pp < 2:
+        raise ConfigError(f"--pp {cfg.pp}: a pipeline needs 2 or more stages ranks; pass --pp 2 "
+                          "or more, or use trainers.ddp")
+    if cfg.grad_accum != 1:
+        raise ConfigError("--grad-accum: under trainers.pipeline the micro-batches are "
+                          "--microbatches; pass --grad-accum 1")
+    several = SCHEDULE_STAGES[cfg.schedule] == "several"
+    if cfg.virtual_stages < 1 or several != (cfg.virtual_stages >= 2):
+        wanted = "--virtual-stages 2 or more" if several else "--virtual-stages 1"
+        runs = "several stages" if several else "one stage"
+        raise ConfigError(f"--schedule {cfg.schedule} runs {runs} per rank; pass {wanted}")
+    stages = cfg.pp * cfg.virtual_stages
+    blocks = MODEL_SIZES[cfg.model].n_layers
+    if blocks % stages:
+        raise ConfigError(f"--pp {cfg.pp} x --virtual-stages {cfg.virtual_stages} = {stages} "
+                          f"stages do not divide the {cfg.model} model's {blocks} blocks; pick "
+                          "degrees whose product divides them")
+    if cfg.microbatches < 1 or replica_batch % cfg.microbatches:
+        raise ConfigError(f"each pipeline's batch of {replica_batch} sequences does not split "
+                          f"into --microbatches {cfg.microbatches}; pass a divisor of it")
+    if cfg.schedule == "1f1b" and cfg.microbatches < cfg.pp:
+        raise ConfigError(f"--schedule 1f1b needs --microbatches >= --pp ({cfg.pp}), got "
+                          f"{cfg.microbatches}; pass more micro-batches or --schedule gpipe")
+    rounds = max(1, cfg.microbatches // cfg.pp)
+    if several and cfg.microbatches % rounds:
+        raise ConfigError(f"--schedule {cfg.schedule} needs --microbatches a multiple of "
+                          f"{rounds} (micro-batches // pp); pass e.g. {cfg.pp * rounds}")
+
+
+def _check_devices(spec: str) -> None:
+    if spec == "auto":
+        return
+    for name in spec.split(","):
+        if not DEVICE_PATTERN.match(name):
+            raise ConfigError(f"--devices {spec}: {name!r} is not a device; list cpu or cuda:N "
+                              "entries, e.g. cuda:0,cuda:1")
 
 
 def _check_paths(cfg: TrainConfig) -> None:

@@ -7,35 +7,15 @@ plain process it trains on its own without DDP.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
 
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-
 from trainers.config import exit_on_config_error, parse_or_exit
-from trainers.distributed import DistEnv, init_distributed
-from trainers.loop import Strategy, prepare_model, train
-from trainers.parallelize import apply_activation_checkpointing
+from trainers.distributed import init_distributed
+from trainers.loop import prepare_model, train
+from trainers.parallelize import DDPStrategy, apply_activation_checkpointing
 
 PROG = "trainers.ddp"
-
-
-class DDPStrategy(Strategy):
-    """Every rank a data-parallel replica of the whole model."""
-
-    def __init__(self, model: nn.Module, env: DistEnv) -> None:
-        if env.world_size > 1:
-            device_ids = [env.device.index] if env.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=device_ids,
-                                            gradient_as_bucket_view=True)
-        super().__init__(model, dp_rank=env.rank, dp_size=env.world_size)
-
-    def no_sync(self) -> contextlib.AbstractContextManager[None]:
-        if isinstance(self.model, DistributedDataParallel):
-            return self.model.no_sync()
-        return contextlib.nullcontext()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -71,7 +71,7 @@ class Strategy:
     def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of one micro-batch."""
         logits = self.model(inputs)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.to(logits.device).flatten())
 
     def forward_backward(self, micro_batches: Sequence[Batch],
                          autocast: contextlib.AbstractContextManager[None]) -> torch.Tensor:
@@ -100,29 +100,39 @@ class Strategy:
         self.model.train()
         return torch.stack(losses).mean()
 
+    def norm_grads(self) -> list[torch.Tensor]:
+        """The gradients whose norm is the model's: each parameter counted once."""
+        return [p.grad for p in self.model.parameters() if p.grad is not None]
+
+    def norm_group(self) -> dist.ProcessGroup | None:
+        """Ranks holding disjoint parts of the model whose squared norms add up (None: none)."""
+        return None
+
     def clip_grad_norm(self, max_norm: float) -> float:
         """Global gradient norm before clipping to ``max_norm`` (0: measure only).
 
         Gradients may be local tensors or DTensors sharded over any mesh: each group of equal
-        placement is reduced to a full norm once, so the result is the norm of the whole
-        unsharded gradient on every rank.
+        placement is reduced to a full norm once, then summed over :meth:`norm_group`, so the
+        result is the norm of the whole unsharded gradient on every rank.
         """
         groups: dict[Any, list[torch.Tensor]] = {}
-        for param in self.model.parameters():
-            if param.grad is not None:
-                grad = param.grad
-                key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
-                groups.setdefault(key, []).append(grad)
-        squares = []
+        for grad in self.norm_grads():
+            key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
+            groups.setdefault(key, []).append(grad)
+        squares = torch.zeros((), dtype=torch.float32)
         for grads in groups.values():
             norm = nn.utils.get_total_norm(grads, foreach=True)
             if isinstance(norm, DTensor):
                 norm = norm.full_tensor()
-            squares.append(norm.float() ** 2)
-        total = torch.stack(squares).sum().sqrt().item()
+            squares = squares.to(norm.device) + norm.float() ** 2
+        if self.norm_group() is not None:
+            dist.all_reduce(squares, group=self.norm_group())
+        total = squares.sqrt().item()
         if max_norm and total > max_norm:
-            for grads in groups.values():
-                torch._foreach_mul_(grads, max_norm / (total + 1e-6))
+            scale = max_norm / (total + 1e-6)
+            for param in self.model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(scale)
         return total
 
     def mean_over_replicas(self, value: torch.Tensor) -> float:

@@ -67,7 +67,13 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Token ids ``(batch, seq)`` -> logits ``(batch, seq, vocab)``."""
+    """Token ids ``(batch, seq)`` -> logits ``(batch, seq, vocab)``.
+
+    A part of the model is this module with some blocks deleted and the embeddings
+    (``tok_emb``, ``pos_emb``, ``emb_dropout``) or the output (``norm``, ``head``) set to None:
+    its forward then takes or returns hidden states, and parameter names stay those of the
+    whole model.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -96,12 +102,17 @@ class Transformer(nn.Module):
             if isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token plus positional embeddings: ``(batch, seq)`` -> ``(batch, seq, d_model)``."""
         positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.emb_dropout(self.tok_emb(tokens) + self.pos_emb(positions))
+        return self.emb_dropout(self.tok_emb(tokens) + self.pos_emb(positions))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tok_emb is not None:
+            x = self.embed(x)
         for block in self.blocks.values():
             x = block(x)
-        return self.head(self.norm(x))
+        return x if self.head is None else self.head(self.norm(x))
 
 
 def build_model(name: str, dropout: float = 0.0) -> Transformer:

@@ -50,7 +50,11 @@ class SpreadTransformer(nn.Module):
 
 
 def parse_devices(spec: str) -> list[torch.device]:
-    """``cpu,cpu`` or ``cuda:0,cuda:1``: every device must exist here."""
+    """``cpu,cpu`` or ``cuda:0,cuda:1`` (every device must exist here); ``auto``: every
+    visible GPU, or two CPU places without one."""
+    if spec == "auto":
+        count = torch.cuda.device_count()
+        spec = ",".join(f"cuda:{i}" for i in range(count)) if count else "cpu,cpu"
     devices = []
     for name in spec.split(","):
         device = torch.device(name)

@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     checkpoint_wrapper,
@@ -32,7 +33,9 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+from torch.nn.parallel import DistributedDataParallel
 
+from trainers.distributed import DistEnv
 from trainers.loop import Strategy
 from trainers.model import Transformer
 
@@ -120,4 +123,23 @@ class ShardedStrategy(Strategy):
 
     def autocast(self, dtype: str, device: torch.device) -> contextlib.AbstractContextManager:
         """No autocast: FSDP's MixedPrecisionPolicy casts parameters for bf16."""
+        return contextlib.nullcontext()
+
+
+class DDPStrategy(Strategy):
+    """Every rank a data-parallel replica of the whole model (which may span several devices:
+    DDP then places nothing itself)."""
+
+    def __init__(self, model: nn.Module, env: DistEnv) -> None:
+        if env.world_size > 1:
+            on_one_gpu = ({p.device for p in model.parameters()} == {env.device}
+                          and env.device.type == "cuda")
+            device_ids = [env.device.index] if on_one_gpu else None
+            model = DistributedDataParallel(model, device_ids=device_ids,
+                                            gradient_as_bucket_view=True)
+        super().__init__(model, dp_rank=env.rank, dp_size=env.world_size)
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        if isinstance(self.model, DistributedDataParallel):
+            return self.model.no_sync()
         return contextlib.nullcontext()

@@ -14,8 +14,10 @@ copy each and sum its gradients after backward, so the result is the single-proc
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -59,6 +61,18 @@ def carve_stage(model: Transformer, stage: int, num_stages: int) -> Transformer:
     return part
 
 
+def _union(parts: list[Transformer]) -> nn.Module:
+    """One module over this rank's stages with the whole model's parameter names (their
+    blocks' indices are disjoint), so checkpoints name parameters as every strategy does."""
+    union = nn.Module()
+    union.blocks = nn.ModuleDict({k: b for part in parts for k, b in part.blocks.items()})
+    for name in ("tok_emb", "pos_emb", "norm", "head"):
+        for part in parts:
+            if getattr(part, name) is not None:
+                setattr(union, name, getattr(part, name))
+    return union
+
+
 def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
@@ -71,6 +85,7 @@ class PipelineStrategy(Strategy):
         pp_mesh, dp_mesh = mesh["pp"], mesh["dp"]
         self.pp_group = pp_mesh.get_group()
         pp_rank, pp = pp_mesh.get_local_rank(), pp_mesh.size()
+        self.pp_rank = pp_rank
         num_stages = pp * cfg.virtual_stages
         # Loop assignment: rank r runs stages r, r + pp, r + 2 pp, ...
         indices = list(range(pp_rank, num_stages, pp))
@@ -78,8 +93,12 @@ class PipelineStrategy(Strategy):
         if cfg.activation_checkpointing:
             for part in self.parts:
                 apply_activation_checkpointing(part)
-        self.stages = [TimedStage(part, i, num_stages, device, group=self.pp_group)
+        stage_class = TimedStage if cfg.record_timeline else PipelineStage
+        self.stages = [stage_class(part, i, num_stages, device, group=self.pp_group)
                        for part, i in zip(self.parts, indices, strict=True)]
+        self.timeline = (Path(cfg.output_dir) / f"timeline.rank{dist.get_rank()}.jsonl"
+                         if cfg.record_timeline else None)
+        self.steps_recorded = 0
         schedule_class = SCHEDULES[cfg.schedule]
         stages = self.stages if cfg.virtual_stages > 1 else self.stages[0]
         self.schedule = schedule_class(stages, n_microbatches=cfg.microbatches, loss_fn=_loss)
@@ -89,7 +108,7 @@ class PipelineStrategy(Strategy):
         self.tied_group = _tied_weight_group(mesh, num_stages - 1)
         # The tied weight counts once in the gradient norm: on the stage with the embedding.
         self.tied_copy = self.parts[-1].head.weight if self.holds_last and pp > 1 else None
-        super().__init__(nn.ModuleList(self.parts), dp_rank=dp_mesh.get_local_rank(),
+        super().__init__(_union(self.parts), dp_rank=dp_mesh.get_local_rank(),
                          dp_size=dp_mesh.size(), dp_group=dp_mesh.get_group())
 
     def forward_backward(self, micro_batches: Sequence[Batch], autocast) -> torch.Tensor:
@@ -100,7 +119,18 @@ class PipelineStrategy(Strategy):
         with autocast:
             self.schedule.step(inputs, target=targets, losses=losses)
         self._sync_gradients()
+        if self.timeline is not None:
+            self._write_timeline()
         return self._broadcast_loss(losses, inputs.device)
+
+    def _write_timeline(self) -> None:
+        """Append this step's record of every local stage as one JSON line."""
+        self.timeline.parent.mkdir(parents=True, exist_ok=True)
+        self.steps_recorded += 1
+        record = {"step": self.steps_recorded, "pp_rank": self.pp_rank,
+                  "stages": [stage.take_record() for stage in self.stages]}
+        with open(self.timeline, "a") as out:
+            out.write(json.dumps(record) + "\n")
 
     @torch.no_grad()
     def eval_loss(self, batches: Sequence[Batch], autocast) -> torch.Tensor:
@@ -132,7 +162,6 @@ class PipelineStrategy(Strategy):
             flat = torch.cat([g.flatten() for g in grads])
             dist.all_reduce(flat, group=self.dp_group)
             flat /= self.dp_size
-            torch._utils._unflatten_dense_tensors  # noqa: B018
             offset = 0
             for grad in grads:
                 grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))

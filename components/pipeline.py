@@ -1,0 +1,49 @@
+"""The ``pipeline`` component: ``torchx run components/pipeline.py:pipeline -j 1x2 -- --pp 2``."""
+
+from typing import Dict, List, Optional
+
+from torchx import specs
+
+from components.launch import DEFAULT_IMAGE, trainer_app
+
+
+def pipeline(
+    *script_args: str,
+    j: str = "1x2",
+    image: str = DEFAULT_IMAGE,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 4096,
+    h: Optional[str] = None,
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    rdzv_port: int = 29500,
+    mounts: Optional[List[str]] = None,
+    check_paths: bool = True,
+) -> specs.AppDef:
+    """Pipeline-parallel training (``python -m trainers.pipeline``).
+
+    ``--pp`` ranks each hold consecutive blocks and pass activations along; a schedule
+    (``--schedule gpipe|1f1b|interleaved1f1b|zerobubble``) runs ``--microbatches`` per step to
+    keep them busy. For models that do not fit one device, across nodes: world = pp x dp.
+    The trainer arguments are validated with the trainer's own parser before the job is
+    scheduled; see ``python -m trainers.pipeline --help``.
+
+    Args:
+        script_args: trainer arguments, e.g. ``--pp 2 --schedule 1f1b --microbatches 8``
+        j: [min_nodes:]nodes x processes per node, e.g. 1x2, 2x8 or 1:2x8 (elastic)
+        image: container image for container schedulers (ignored by local_cwd)
+        cpu: CPUs per node
+        gpu: GPUs per node (set to the processes per node on GPU hosts)
+        memMB: memory per node in MB
+        h: a registered named resource (takes precedence over cpu, gpu and memMB)
+        env: extra environment variables, e.g. OMP_NUM_THREADS=1,NCCL_DEBUG=WARN
+        max_retries: scheduler retries; a retried job resumes from its newest checkpoint
+        rdzv_port: port of the c10d rendezvous on the first node (multi-node jobs)
+        mounts: mounts for the workers, e.g. type=bind,src=/data,dst=/data
+        check_paths: check --data and --output-dir on the submitting machine; turn off when
+            they exist only where the job runs
+    """
+    return trainer_app("trainers.pipeline", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
+                       memMB=memMB, h=h, env=env, max_retries=max_retries, rdzv_port=rdzv_port,
+                       mounts=mounts, check_paths=check_paths)
