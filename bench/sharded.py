@@ -26,7 +26,6 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import json
@@ -37,33 +36,32 @@ import shlex
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script: make `bench` and `trainers` importable
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-from bench.peak import measure_peak  # noqa: E402
-from bench.throughput import (  # noqa: E402
+from bench.common import (  # noqa: E402
+    RESULTS_DIR,
     THREADS,
     BenchError,
     child_env,
     host_info,
     progress,
+    run_in_scratch,
     run_streaming,
     write_json,
 )
+from bench.peak import measure_peak  # noqa: E402
 from trainers.shapes import MODEL_SIZES  # noqa: E402
 
-RESULTS_DIR = REPO / "bench" / "results"
 NPROC = 2
 FP32 = 4  # bytes per parameter, gradient and AdamW moment (fp32 training)
 TOLERANCE = 0.05  # measured FSDP / DDP within 5% of 1 / N
@@ -576,19 +574,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan.rounds = args.rounds
     output = args.output or RESULTS_DIR / ("sharded_quick.json" if args.quick else "sharded.json")
     torch.set_num_threads(THREADS)
-    scratch = Path(tempfile.mkdtemp(prefix="bench-sharded-", dir=args.scratch))
-    progress(f"scratch directory {scratch}")
-    try:
-        report = run_benchmark(plan, scratch, args.quick, args.peak_tflops)
-    except BenchError as err:
-        progress(f"failed: {err}")
-        progress(f"logs kept in {scratch}")
+    report = run_in_scratch("bench-sharded-", args.scratch, args.keep_runs,
+                            lambda scratch: run_benchmark(plan, scratch, args.quick,
+                                                          args.peak_tflops))
+    if report is None:
         return 2
-    if args.keep_runs:
-        progress(f"runs kept in {scratch}")
-    else:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(scratch)
     write_json(output, report)
     print(table(report))
     print(f"\nwrote {output} ({report['duration_s']:.0f}s)")

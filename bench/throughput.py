@@ -21,41 +21,44 @@ It prints a table (measured, target, pass/miss) and writes every raw figure to
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import json
-import os
-import platform
 import re
 import shlex
 import shutil
-import signal
-import socket
-import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script: make `bench` and `trainers` importable
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench.common import (  # noqa: E402
+    REPO,
+    RESULTS_DIR,
+    THREADS,
+    BenchError,
+    child_env,
+    free_port,
+    host_info,
+    median,
+    progress,
+    run_in_scratch,
+    run_streaming,
+    tool,
+    write_json,
+)
 from bench.peak import measure_peak  # noqa: E402
 from trainers.shapes import MODEL_SIZES  # noqa: E402
 
-RESULTS_DIR = REPO / "bench" / "results"
-BIN = Path(sys.executable).parent  # torchrun and torchx of this interpreter's environment
 FIRST_STEP = re.compile(r"\bstep\s+1/\d+")  # rank 0's line after step 1: "step 1/N | loss ..."
-THREADS = 1
 
 
 @dataclass
@@ -80,91 +83,6 @@ class Plan:
         return cls(model="tiny", micro_batch=8, warmup=1, steps=3, rounds=1, train_samples=256,
                    launch_steps=2, launch_repeats=1, peak_sizes=(256, 512), peak_seconds=0.2,
                    timeout_s=120.0)
-
-
-class BenchError(RuntimeError):
-    """A benchmark subprocess failed or produced no usable figures."""
-
-
-# --------------------------------------------------------------------------- subprocesses
-
-
-def child_env(scratch: Path) -> dict[str, str]:
-    """The environment of every subprocess: one thread, this environment's tools first, and
-    temporary files (torchrun's and torchx's log directories) inside the scratch directory."""
-    tmp = scratch / "tmp"
-    tmp.mkdir(exist_ok=True)
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(THREADS), MKL_NUM_THREADS=str(THREADS),
-               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", TMPDIR=str(tmp))
-    return env
-
-
-def tool(name: str) -> str:
-    """``torchrun`` or ``torchx`` of this interpreter's environment, else from PATH."""
-    path = BIN / name
-    if path.is_file():
-        return str(path)
-    found = shutil.which(name)
-    if found is None:
-        raise BenchError(f"{name} not found next to {sys.executable} or on PATH")
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run_streaming(cmd: Sequence[str], timeout_s: float, log_path: Path, env: dict[str, str],
-                  on_line: Callable[[str, float], None] | None = None) -> float:
-    """Run ``cmd`` in the repo root with stdout and stderr merged into ``log_path``.
-
-    ``on_line(line, seconds_since_spawn)`` sees every line as it arrives. Returns the wall time
-    to exit; raises BenchError on a non-zero exit or a timeout (the process group is killed).
-    """
-    start = time.perf_counter()
-    with open(log_path, "w") as log:
-        log.write(f"$ {shlex.join(cmd)}\n")
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                start_new_session=True)
-        timed_out = threading.Event()
-
-        def kill() -> None:
-            timed_out.set()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-        timer = threading.Timer(timeout_s, kill)
-        timer.start()
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if on_line is not None:
-                    on_line(line, time.perf_counter() - start)
-                log.write(line)
-            code = proc.wait()
-        finally:
-            timer.cancel()
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    elapsed = time.perf_counter() - start
-    if timed_out.is_set() or code != 0:
-        why = f"timed out after {timeout_s:.0f}s" if timed_out.is_set() else f"exited {code}"
-        tail = "".join(log_path.read_text().splitlines(keepends=True)[-25:])
-        raise BenchError(f"{shlex.join(cmd)} {why}; last lines of {log_path}:\n{tail}")
-    return elapsed
-
-
-def progress(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- measurements
 
 
 def trainer_args(model: str, global_batch: int, steps: int, out_dir: Path, peak_flops: float,
@@ -304,35 +222,6 @@ def launch_commands(plan: Plan, out_dir: Path, peak_flops: float) -> dict[str, l
 
 
 # --------------------------------------------------------------------------- the benchmark
-
-
-def median(values: Sequence[float]) -> float:
-    if not values:
-        raise BenchError("no measured steps; raise --steps")
-    return statistics.median(values)
-
-
-def host_info() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    import torchx
-
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "torchx": torchx.__version__,
-            "platform": platform.platform(), "git_commit": git("rev-parse", "HEAD"),
-            "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-            "load_avg_at_start": list(os.getloadavg())}
 
 
 def run_benchmark(plan: Plan, scratch: Path, keep: bool, quick: bool) -> dict[str, Any]:
@@ -520,13 +409,6 @@ def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def write_json(path: Path, report: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.throughput", description=__doc__.splitlines()[0],
@@ -561,18 +443,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = args.output or RESULTS_DIR / ("throughput_quick.json" if args.quick
                                            else "throughput.json")
     torch.set_num_threads(THREADS)
-    scratch = Path(tempfile.mkdtemp(prefix="bench-throughput-", dir=args.scratch))
-    progress(f"scratch directory {scratch}")
-    try:
-        report = run_benchmark(plan, scratch, args.keep_runs, args.quick)
-    except BenchError as err:
-        progress(f"failed: {err}")
-        progress(f"logs kept in {scratch}")
+    report = run_in_scratch("bench-throughput-", args.scratch, args.keep_runs,
+                            lambda scratch: run_benchmark(plan, scratch, args.keep_runs,
+                                                          args.quick))
+    if report is None:
         return 2
-    if args.keep_runs:
-        progress(f"runs kept in {scratch}")
-    else:
-        shutil.rmtree(scratch, ignore_errors=True)
     write_json(output, report)
     print(table(report))
     print(f"\nwrote {output} ({report['duration_s']:.0f}s)")
