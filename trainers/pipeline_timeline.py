@@ -108,7 +108,8 @@ class TimedStage(PipelineStage):
 
 
 def efficiency(intervals: list[dict[str, Any]]) -> dict[str, Any]:
-    """Busy share of each stage over one step's span, and their mean: the pipeline efficiency.
+    """Busy share of each stage (in stage order) over one step's span, and their mean: the
+    pipeline efficiency.
 
     The span runs from the first forward's start to the last backward's end over all stages;
     a stage is busy while it runs a forward or backward of its own.
@@ -118,6 +119,5 @@ def efficiency(intervals: list[dict[str, Any]]) -> dict[str, Any]:
     busy: dict[int, float] = {}
     for i in intervals:
         busy[i["stage"]] = busy.get(i["stage"], 0.0) + i["end"] - i["start"]
-    shares = {stage: value / span for stage, value in sorted(busy.items())}
-    return {"span_s": span, "busy_share": shares,
-            "efficiency": sum(shares.values()) / len(shares)}
+    shares = [value / span for _, value in sorted(busy.items())]
+    return {"span_s": span, "busy_share": shares, "efficiency": sum(shares) / len(shares)}
