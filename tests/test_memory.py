@@ -1,0 +1,102 @@
+"""The memory anatomy's formulas against a measured training step (each within 10%)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO, _env
+from trainers.config import parse_config
+from trainers.loop import build_optimizer
+from trainers.memory import Layout, anatomy_table, predict
+from trainers.memory_probe import measure_step
+from trainers.model import build_model
+from trainers.parallelize import apply_activation_checkpointing
+from trainers.shapes import MODEL_SIZES
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "gathered")
+
+
+def assert_within(measured: dict[str, int], predicted: dict[str, int], rel: float = 0.10):
+    for category in CATEGORIES:
+        got, want = measured[category], predicted[category]
+        assert abs(got - want) <= rel * max(want, 1), \
+            f"{category}: measured {got}, predicted {want}"
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
+    cfg = parse_config(["--model", name], "trainers.ddp", world_sizes=[1], check_paths=False)
+    torch.manual_seed(0)
+    model = build_model(name)
+    if checkpointing:
+        apply_activation_checkpointing(model)
+    optimizer = build_optimizer(model, cfg)
+    batch, seq = 4, cfg.seq_len
+    inputs, targets = torch.randint(0, 256, (2, batch, seq))
+    for _ in range(2):
+        measured = measure_step(model, optimizer, inputs, targets, torch.autocast(
+            "cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"))
+    predicted = predict(model.cfg, batch, seq, dtype, checkpointing, Layout())
+    assert_within(dataclasses.asdict(measured), dataclasses.asdict(predicted))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tiny", "small"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])
+def test_two_rank_step_matches_the_formulas(name, strategy):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
+           "-m", "tests.workers.memory_anatomy", strategy, name]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(records) == 2
+    for record in records:
+        assert_within(record["measured"], record["predicted"])
+
+
+def test_sharding_divides_the_states():
+    shape = MODEL_SIZES["1b"]
+    ddp, zero1, zero2, zero3 = (predict(shape, 1, 2048, "bf16", False, Layout(s, dp=8))
+                                for s in ("ddp", "zero1", "zero2", "zero3"))
+    assert zero1.optimizer == pytest.approx(ddp.optimizer / 8, rel=1e-3)
+    assert zero1.params == ddp.params and zero1.grads == ddp.grads
+    assert zero2.grads == zero3.grads == pytest.approx(ddp.grads / 8, rel=1e-3)
+    assert zero3.params == pytest.approx(ddp.params / 8, rel=1e-3)
+    assert zero2.gathered == ddp.params // 2  # every parameter whole, in bf16
+    assert ddp.params + ddp.grads + ddp.optimizer == 16 * shape.num_params() + 4 * (4 + 10 * 20)
+    checkpointed = predict(shape, 1, 2048, "bf16", True, Layout())
+    assert checkpointed.activations < ddp.activations / 5
+
+
+def test_tensor_and_pipeline_degrees_divide_blocks():
+    shape = MODEL_SIZES["7b"]
+    whole = predict(shape, 1, 2048, "bf16", False, Layout())
+    tp = predict(shape, 1, 2048, "bf16", False, Layout(tp=8))
+    pp = predict(shape, 1, 2048, "bf16", False, Layout(pp=4))
+    assert tp.params < whole.params / 6 and pp.params < whole.params / 3.5
+    assert tp.activations < whole.activations / 2 and pp.activations < whole.activations / 3
+
+
+def test_the_1b_table_comes_from_the_formulas():
+    table = anatomy_table(MODEL_SIZES["1b"], 1, 2048, "bf16", False, 8)
+    lines = table.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["ddp", "zero1", "zero2", "zero3"]
+    zero3 = predict(MODEL_SIZES["1b"], 1, 2048, "bf16", False, Layout("zero3", dp=8))
+    assert lines[-1].split()[-1] == f"{zero3.total / 2**30:.2f}"
+    out = subprocess.run([sys.executable, "-m", "trainers.memory", "--model", "1b", "--devices",
+                          "8"], capture_output=True, text=True, check=True, cwd=REPO)
+    assert table in out.stdout
+
+
+def test_unknown_strategy_is_refused():
+    with pytest.raises(ValueError, match="unknown strategy 'zero4'"):
+        Layout("zero4")
