@@ -39,7 +39,7 @@ def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
     if checkpointing:
         apply_activation_checkpointing(model)
     optimizer = build_optimizer(model, cfg)
-    batch, seq = 4, cfg.seq_len
+    batch, seq = 4, 64  # the shapes are the model's; a short sequence keeps it fast
     inputs, targets = torch.randint(0, 256, (2, batch, seq))
     for _ in range(2):
         measured = measure_step(model, optimizer, inputs, targets, torch.autocast(
@@ -51,16 +51,19 @@ def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny", "small"])
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])
-def test_two_rank_step_matches_the_formulas(name, strategy):
+def test_two_rank_steps_match_the_formulas(name, strategy):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
            "-m", "tests.workers.memory_anatomy", strategy, name]
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(records) == 2
+    assert len(records) == 8  # fp32 and bf16, with and without checkpointing, on 2 ranks
     for record in records:
-        assert_within(record["measured"], record["predicted"])
+        try:
+            assert_within(record["measured"], record["predicted"])
+        except AssertionError as err:
+            raise AssertionError(f"{record['case']}, rank {record['rank']}: {err}") from None
 
 
 def test_sharding_divides_the_states():

@@ -96,7 +96,7 @@ def gathered_bytes(shape: ModelConfig, layout: Layout, dtype: str) -> int:
     return 0
 
 
-def block_activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, dtype: str,
+def block_activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: str,
                            tp: int = 1) -> int:
     """Bytes one block holds for backward at the end of forward, per micro-batch.
 
@@ -104,42 +104,57 @@ def block_activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, dtype
     16 e x 4 bytes: the normed input of attention, q, k and v, the attention output, the
     residual after attention, the normed input of the MLP, the MLP's up projection and its GELU
     (4 e each), and the block's output; plus two LayerNorms' mean and rstd (8 n x 2) and the
-    attention's log-sum-exp (heads x n x 4). Under bf16 autocast the matmuls' inputs and
-    outputs are bf16 copies (the attention norm is cast once for each of q, k and v) while the
-    residual stream stays fp32 (40 e bytes), and each weight's bf16 cast (12 d^2 x 2) is held.
-    Tensor parallelism divides what lies inside its column/row-parallel regions by ``tp``.
+    attention's log-sum-exp (heads x n x 4). ``precision`` ``bf16`` is autocast: the matmuls'
+    inputs and outputs are bf16 copies (the attention norm is cast once for each of q, k and v)
+    while the residual stream stays fp32 (40 e bytes), and each weight's bf16 cast
+    (12 d^2 x 2) is held. ``bf16-params`` is FSDP's bf16 policy: parameters, and so every
+    activation, are bf16 (16 e x 2 bytes), and no weight copies. Tensor parallelism divides
+    what lies inside its column/row-parallel regions by ``tp``.
     """
     d, n, heads = shape.d_model, micro_batch * seq, shape.n_heads
     e = n * d
-    if dtype == "fp32":
+    weights = 0
+    if precision == "fp32":
         replicated, split = 4 * e * FP32, 12 * e * FP32  # x_mid, 2 norms, out | qkv, attn, mlp
-        weights = 0
-    elif dtype == "bf16":
+    elif precision == "bf16":
         replicated = 2 * e * FP32 + 4 * e * BF16  # x_mid, out fp32 | 3 + 1 norm casts
         split = 12 * e * BF16
         weights = 12 * d * d * BF16 // tp
+    elif precision == "bf16-params":
+        replicated, split = 4 * e * BF16, 12 * e * BF16
     else:
-        raise ValueError(f"unknown dtype {dtype!r}; use fp32 or bf16")
+        raise ValueError(f"unknown precision {precision!r}; use fp32, bf16 or bf16-params")
     stats = 2 * 2 * n * FP32 + heads // tp * n * FP32
     return replicated + split // tp + weights + stats
 
 
-def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, dtype: str,
+def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: str,
                      checkpointing: bool, tp: int = 1, pp: int = 1) -> int:
     """Bytes held for backward at the end of forward by one rank, per micro-batch in flight.
 
-    The model adds its embedding output, the final norm's output and statistics and the fp32
-    log-probabilities of the loss (batch x seq x vocab x 4) on the stages that hold them. With
-    activation checkpointing each block keeps only its fp32 input; backward recomputes one block
-    at a time (:func:`block_activation_bytes` more, briefly).
+    The model adds its embedding output, the final norm's output (with the head weight's cast
+    under autocast) and statistics and the fp32 log-probabilities of the loss
+    (batch x seq x vocab x 4) on the stages that hold them. With activation checkpointing each
+    block keeps only its input; backward recomputes one block at a time
+    (:func:`block_activation_bytes` more, briefly).
     """
     n, e = micro_batch * seq, micro_batch * seq * shape.d_model
     layers = shape.n_layers // pp
-    per_block = e * FP32 if checkpointing else block_activation_bytes(
-        shape, micro_batch, seq, dtype, tp)
-    head = (e * FP32 if dtype == "fp32" else e * BF16 + shape.vocab_size * shape.d_model * BF16)
-    ends = e * FP32 + head + 2 * n * FP32 + n * shape.vocab_size * FP32
+    stream = BF16 if precision == "bf16-params" else FP32  # the residual stream's width
+    per_block = e * stream if checkpointing else block_activation_bytes(
+        shape, micro_batch, seq, precision, tp)
+    head = {"fp32": e * FP32, "bf16": e * BF16 + shape.vocab_size * shape.d_model * BF16,
+            "bf16-params": e * BF16}[precision]
+    ends = e * stream + head + 2 * n * FP32 + n * shape.vocab_size * FP32
     return layers * per_block + ends
+
+
+def precision(dtype: str, layout: Layout) -> str:
+    """How ``dtype`` computes under ``layout``: bf16 is autocast, except under FSDP (ZeRO-2/3),
+    whose bf16 policy makes the parameters themselves bf16."""
+    if dtype not in ("fp32", "bf16"):
+        raise ValueError(f"unknown dtype {dtype!r}; use fp32 or bf16")
+    return "bf16-params" if dtype == "bf16" and layout.strategy in ("zero2", "zero3") else dtype
 
 
 def predict(shape: ModelConfig, micro_batch: int, seq: int, dtype: str, checkpointing: bool,
@@ -147,8 +162,8 @@ def predict(shape: ModelConfig, micro_batch: int, seq: int, dtype: str, checkpoi
     """The anatomy of one rank for one micro-batch in flight."""
     params, grads, optimizer = state_bytes(shape, layout)
     return Anatomy(params, grads, optimizer,
-                   activation_bytes(shape, micro_batch, seq, dtype, checkpointing, layout.tp,
-                                    layout.pp),
+                   activation_bytes(shape, micro_batch, seq, precision(dtype, layout),
+                                    checkpointing, layout.tp, layout.pp),
                    gathered_bytes(shape, layout, dtype))
 
 

@@ -1,12 +1,16 @@
-"""Under torchrun: the measured anatomy of a DDP or FSDP step next to the prediction.
+"""Under torchrun: the measured anatomy of DDP or FSDP steps next to the prediction.
 
 ``python -m torch.distributed.run --nproc_per_node 2 -m tests.workers.memory_anatomy
-ddp|zero2|zero3 MODEL`` prints one JSON line per rank: {"measured": {...}, "predicted": {...}}.
+ddp|zero2|zero3 MODEL`` measures one step for each of fp32 and bf16, with and without
+activation checkpointing, and rank 0 prints one JSON line per case and rank:
+{"case": ..., "measured": {...}, "predicted": {...}}. bf16 is autocast under DDP and FSDP's
+bf16 policy under zero2/zero3, as in the trainers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import sys
 
@@ -20,34 +24,42 @@ from trainers.loop import build_optimizer
 from trainers.memory import Layout, predict
 from trainers.memory_probe import measure_step
 from trainers.model import build_model
-from trainers.parallelize import DDPStrategy, apply_fsdp
+from trainers.parallelize import DDPStrategy, apply_activation_checkpointing, apply_fsdp
+
+
+def measure_case(strategy: str, name: str, dtype: str, checkpointing: bool) -> dict:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    cfg = parse_config(["--model", name], "trainers.ddp", world_sizes=[world], check_paths=False)
+    torch.manual_seed(0)
+    model = build_model(name)
+    shape = model.cfg
+    if checkpointing:
+        apply_activation_checkpointing(model)
+    if strategy == "ddp":
+        model = DDPStrategy(model, DistEnv(rank, world, rank, torch.device("cpu"), "gloo")).model
+    else:
+        apply_fsdp(model, init_device_mesh("cpu", (world,)), strategy == "zero3",
+                   bf16=dtype == "bf16", cpu_offload=False)
+    optimizer = build_optimizer(model, cfg)
+    batch, seq = 4, 64  # the shapes are the model's; a short sequence keeps it fast
+    inputs, targets = torch.randint(0, 256, (2, batch, seq),
+                                    generator=torch.Generator().manual_seed(rank))
+    for _ in range(3):  # the optimizer state exists after one, DDP's buckets after two
+        measured = measure_step(model, optimizer, inputs, targets, torch.autocast(
+            "cpu", dtype=torch.bfloat16, enabled=dtype == "bf16" and strategy == "ddp"))
+    predicted = predict(shape, batch, seq, dtype, checkpointing, Layout(strategy, dp=world))
+    return {"case": f"{strategy} {name} {dtype} ac={checkpointing}", "rank": rank,
+            "measured": dataclasses.asdict(measured), "predicted": dataclasses.asdict(predicted)}
 
 
 def main() -> None:
     strategy, name = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
-    world, rank = dist.get_world_size(), dist.get_rank()
-    cfg = parse_config(["--model", name], "trainers.ddp", world_sizes=[world], check_paths=False)
-    torch.manual_seed(0)
-    model = build_model(name)
-    if strategy == "ddp":
-        env = DistEnv(rank, world, rank, torch.device("cpu"), "gloo")
-        model = DDPStrategy(model, env).model
-    else:
-        mesh = init_device_mesh("cpu", (world,))
-        apply_fsdp(model, mesh, reshard_after_forward=strategy == "zero3", bf16=False,
-                   cpu_offload=False)
-    optimizer = build_optimizer(model, cfg)
-    batch, seq = 4, cfg.seq_len
-    inputs, targets = torch.randint(0, 256, (2, batch, seq),
-                                    generator=torch.Generator().manual_seed(rank))
-    for _ in range(2):
-        measure_step(model, optimizer, inputs, targets)
-    measured = measure_step(model, optimizer, inputs, targets)
-    shape = build_model(name).cfg
-    predicted = predict(shape, batch, seq, "fp32", False, Layout(strategy, dp=world))
-    print(json.dumps({"rank": rank, "measured": dataclasses.asdict(measured),
-                      "predicted": dataclasses.asdict(predicted)}), flush=True)
+    for dtype, checkpointing in itertools.product(("fp32", "bf16"), (False, True)):
+        records = [None] * dist.get_world_size()
+        dist.all_gather_object(records, measure_case(strategy, name, dtype, checkpointing))
+        if dist.get_rank() == 0:
+            print("\n".join(json.dumps(r) for r in records), flush=True)
     dist.destroy_process_group()
 
 
