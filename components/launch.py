@@ -16,6 +16,7 @@ from torchx.specs.finder import ComponentValidationException
 
 from trainers.config import TrainConfig, parse_config
 from trainers.errors import ConfigError
+from trainers.plan import GIB, check_fits
 
 # The image that container schedulers (kubernetes, local_docker) run; local_cwd ignores it.
 DEFAULT_IMAGE = "torchx-templates:cpu"
@@ -59,6 +60,7 @@ def trainer_app(
     rdzv_port: int,
     mounts: list[str] | None,
     check_paths: bool,
+    device_memory_gb: float,
     check: Callable[[TrainConfig, int], None] | None = None,
 ) -> specs.AppDef:
     """The AppDef that runs ``python -m <module> <script_args>`` under torchrun via dist.ddp.
@@ -66,6 +68,9 @@ def trainer_app(
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
     ``check(cfg, nproc_per_node)`` adds a component's own checks, raising ConfigError.
+    The memory pre-flight (:func:`trainers.plan.check_fits`) runs against ``device_memory_gb``
+    per rank, or on CPU-only jobs against the node's ``memMB`` shared by its processes; GPU
+    jobs without ``device_memory_gb`` (or with a named resource ``h``) are not checked.
     """
     min_nodes, max_nodes, nproc = node_range(j)
     args = list(script_args)
@@ -76,6 +81,11 @@ def trainer_app(
         cfg = parse_config(args, prog=module, world_sizes=world_sizes, check_paths=check_paths)
         if check is not None:
             check(cfg, nproc)
+        memory = (device_memory_gb * GIB if device_memory_gb > 0
+                  else memMB * 2**20 / nproc if gpu == 0 and h is None else 0)
+        if memory:
+            check_fits(cfg, module.rsplit(".", 1)[-1], world_sizes[0], nproc, min_nodes,
+                       int(memory), "cuda" if gpu > 0 else "cpu")
     except ConfigError as err:
         raise ComponentArgumentError(f"{module}: {err}") from None
     return dist.ddp(*args, m=module, image=image, name=module.rsplit(".", 1)[-1], h=h,

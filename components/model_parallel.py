@@ -25,6 +25,7 @@ def model_parallel(
     rdzv_port: int = 29500,
     mounts: Optional[List[str]] = None,
     check_paths: bool = True,
+    device_memory_gb: float = 0.0,
 ) -> specs.AppDef:
     """Naive model parallelism in one process per node (``python -m trainers.model_parallel``).
 
@@ -48,10 +49,14 @@ def model_parallel(
         mounts: mounts for the workers, e.g. type=bind,src=/data,dst=/data
         check_paths: check --data and --output-dir on the submitting machine; turn off when
             they exist only where the job runs
+        device_memory_gb: memory of one device (GPU); the job is refused when the memory
+            planner says a rank needs more (0: CPU jobs are checked against memMB shared by
+            the node's processes, GPU jobs are not checked)
     """
     return trainer_app("trainers.model_parallel", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
                        memMB=memMB, h=h, env=env, max_retries=max_retries, rdzv_port=rdzv_port,
                        mounts=mounts, check_paths=check_paths,
+                       device_memory_gb=device_memory_gb,
                        check=lambda cfg, nproc: _check_placement(cfg, nproc, gpu))
 
 

@@ -20,6 +20,7 @@ def pipeline(
     rdzv_port: int = 29500,
     mounts: Optional[List[str]] = None,
     check_paths: bool = True,
+    device_memory_gb: float = 0.0,
 ) -> specs.AppDef:
     """Pipeline-parallel training (``python -m trainers.pipeline``).
 
@@ -43,7 +44,11 @@ def pipeline(
         mounts: mounts for the workers, e.g. type=bind,src=/data,dst=/data
         check_paths: check --data and --output-dir on the submitting machine; turn off when
             they exist only where the job runs
+        device_memory_gb: memory of one device (GPU); the job is refused when the memory
+            planner says a rank needs more (0: CPU jobs are checked against memMB shared by
+            the node's processes, GPU jobs are not checked)
     """
     return trainer_app("trainers.pipeline", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
                        memMB=memMB, h=h, env=env, max_retries=max_retries, rdzv_port=rdzv_port,
-                       mounts=mounts, check_paths=check_paths)
+                       mounts=mounts, check_paths=check_paths,
+                       device_memory_gb=device_memory_gb)

@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainers.config import exit_on_config_error, parse_or_exit
 from trainers.distributed import init_distributed
 from trainers.loop import prepare_model, train
+from trainers.oom import explain_out_of_memory
 from trainers.parallelize import ShardedStrategy, apply_activation_checkpointing, apply_fsdp
 
 PROG = "trainers.fsdp"
@@ -26,7 +27,8 @@ PROG = "trainers.fsdp"
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_or_exit(argv, PROG)
-    with exit_on_config_error(PROG), init_distributed(cfg) as env:
+    with exit_on_config_error(PROG), init_distributed(cfg) as env, \
+            explain_out_of_memory(cfg, PROG, env.device):
         mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
         model = prepare_model(cfg, env.device)
         if cfg.activation_checkpointing:

@@ -21,6 +21,7 @@ from trainers.distributed import init_distributed
 from trainers.errors import ConfigError
 from trainers.loop import prepare_model, train
 from trainers.model import Transformer
+from trainers.oom import explain_out_of_memory
 from trainers.parallelize import DDPStrategy, apply_activation_checkpointing
 
 PROG = "trainers.model_parallel"
@@ -68,7 +69,8 @@ def parse_devices(spec: str) -> list[torch.device]:
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_or_exit(argv, PROG)
-    with exit_on_config_error(PROG), init_distributed(cfg) as env:
+    with exit_on_config_error(PROG), init_distributed(cfg) as env, \
+            explain_out_of_memory(cfg, PROG, env.device):
         devices = parse_devices(cfg.devices)
         model = prepare_model(cfg, devices[0])
         if cfg.activation_checkpointing:

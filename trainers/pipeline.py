@@ -37,6 +37,7 @@ from trainers.data import Batch
 from trainers.distributed import init_distributed
 from trainers.loop import Strategy, prepare_model, train
 from trainers.model import Transformer
+from trainers.oom import explain_out_of_memory
 from trainers.parallelize import apply_activation_checkpointing
 from trainers.pipeline_timeline import TimedStage
 
@@ -193,7 +194,8 @@ def _tied_weight_group(mesh: DeviceMesh, last_stage: int) -> dist.ProcessGroup |
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_or_exit(argv, PROG)
-    with exit_on_config_error(PROG), init_distributed(cfg) as env:
+    with exit_on_config_error(PROG), init_distributed(cfg) as env, \
+            explain_out_of_memory(cfg, PROG, env.device):
         dp = cfg.dp_size(env.world_size)
         mesh = init_device_mesh(env.device.type, (dp, cfg.pp), mesh_dim_names=("dp", "pp"))
         model = prepare_model(cfg, env.device)

@@ -13,6 +13,7 @@ before scheduling a job. Plain Python without torch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -159,8 +160,8 @@ def job_candidate(cfg: TrainConfig, trainer: str, world: int, device: str) -> Ca
     if trainer == "tensor_parallel" and dp == 1:
         strategy = "ddp"
     pp = cfg.pp
-    if trainer == "model_parallel":
-        pp = len(cfg.devices.split(",")) if cfg.devices != "auto" else 1
+    if trainer == "model_parallel":  # blocks split over distinct devices; CPU places share one
+        pp = len(set(cfg.devices.split(","))) if cfg.devices != "auto" else 1
     in_flight, accum = 1, cfg.grad_accum
     if trainer == "pipeline":
         in_flight = cfg.microbatches if cfg.schedule == "gpipe" else min(cfg.microbatches, pp)
@@ -204,6 +205,21 @@ def table(shape: ModelConfig, seq: int, dtype: str, devices: int, device: str) -
     return "\n".join(lines)
 
 
+def custom_shape(base: ModelConfig, layers: int, heads: int, hidden: int, vocab: int,
+                 context: int) -> ModelConfig:
+    """``base`` with the given sizes (0: keep base's); ConfigError for an impossible shape."""
+    sizes = {"n_layers": layers, "n_heads": heads, "d_model": hidden, "vocab_size": vocab,
+             "max_seq_len": context}
+    for name, value in sizes.items():
+        if value < 0:
+            raise ConfigError(f"--{name} must be positive, got {value}")
+    shape = dataclasses.replace(base, **{k: v for k, v in sizes.items() if v})
+    if shape.d_model % shape.n_heads:
+        raise ConfigError(f"--heads {shape.n_heads} does not divide the hidden size "
+                          f"{shape.d_model}; pick heads that divide it")
+    return shape
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="trainers.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="7b", choices=sorted(MODEL_SIZES))
@@ -214,12 +230,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device-memory-gb", type=float, default=80.0)
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    shape_group = parser.add_argument_group("a shape of your own (overrides --model's)")
+    for flag in ("layers", "heads", "hidden", "vocab", "context"):
+        shape_group.add_argument(f"--{flag}", type=int, default=0)
     args = parser.parse_args(argv)
     for flag in ("global_batch", "devices_per_node", "nodes", "device_memory_gb"):
         if getattr(args, flag) <= 0:
             parser.exit(2, f"trainers.plan: error: --{flag.replace('_', '-')} must be "
                            "positive\n")
-    shape = MODEL_SIZES[args.model]
+    try:
+        shape = custom_shape(MODEL_SIZES[args.model], args.layers, args.heads, args.hidden,
+                             args.vocab, args.context)
+    except ConfigError as err:
+        parser.exit(2, f"trainers.plan: error: {err}\n")
     seq = args.seq_len or shape.max_seq_len
     if seq < 0 or seq > shape.max_seq_len:
         parser.exit(2, f"trainers.plan: error: --seq-len must be in 1..{shape.max_seq_len}\n")

@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainers.config import exit_on_config_error, parse_or_exit
 from trainers.distributed import init_distributed
 from trainers.loop import Strategy, prepare_model, train
+from trainers.oom import explain_out_of_memory
 from trainers.parallelize import (
     ShardedStrategy,
     apply_activation_checkpointing,
@@ -30,7 +31,8 @@ PROG = "trainers.tensor_parallel"
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_or_exit(argv, PROG)
-    with exit_on_config_error(PROG), init_distributed(cfg) as env:
+    with exit_on_config_error(PROG), init_distributed(cfg) as env, \
+            explain_out_of_memory(cfg, PROG, env.device):
         dp = cfg.dp_size(env.world_size)
         mesh = init_device_mesh(env.device.type, (dp, cfg.tp), mesh_dim_names=("dp", "tp"))
         model = prepare_model(cfg, env.device)

@@ -1,0 +1,120 @@
+"""The planner follows the decision guide; components refuse jobs that cannot fit; an
+out-of-memory step explains itself."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from components.ddp import ddp
+from components.fsdp import fsdp
+from components.launch import ComponentArgumentError
+from components.pipeline import pipeline
+from tests.conftest import REPO, _env
+from trainers.config import parse_config
+from trainers.errors import ConfigError
+from trainers.plan import GIB, job_candidate, recommend
+from trainers.shapes import MODEL_SIZES
+
+
+def test_a_model_that_fits_one_device_gets_ddp():
+    best = recommend(MODEL_SIZES["125m"], 1024, 256, 8, 1, 80 * GIB, "bf16", "cuda")
+    assert best.trainer == "ddp" and not best.checkpointing
+    assert best.micro_batch * best.grad_accum * 8 == 256
+
+
+def test_a_batch_that_does_not_fit_gets_accumulation_then_checkpointing():
+    roomy = recommend(MODEL_SIZES["125m"], 1024, 256, 8, 1, 80 * GIB, "bf16", "cuda")
+    tight = recommend(MODEL_SIZES["125m"], 1024, 256, 8, 1, 8 * GIB, "bf16", "cuda")
+    assert tight.trainer == "ddp"
+    assert tight.micro_batch < roomy.micro_batch and tight.grad_accum > roomy.grad_accum
+
+
+def test_a_model_that_does_not_fit_gets_fsdp_then_more_parallelism():
+    assert recommend(MODEL_SIZES["1b"], 2048, 256, 8, 1, 16 * GIB, "bf16",
+                     "cuda").trainer == "fsdp"
+    assert recommend(MODEL_SIZES["7b"], 2048, 256, 8, 1, 80 * GIB, "bf16",
+                     "cuda").trainer == "fsdp"
+
+
+def test_nothing_fits_names_the_smallest_configuration():
+    with pytest.raises(ConfigError, match=r"no configuration fits 8\.0 GiB per device: the "
+                                          r"smallest, fsdp zero3 \(dp 8\).*needs 1\d\.\d GiB"):
+        recommend(MODEL_SIZES["7b"], 2048, 256, 8, 1, 8 * GIB, "bf16", "cuda")
+
+
+def test_gpipe_holds_more_micro_batches_than_1f1b():
+    def job(schedule: str):
+        cfg = parse_config(["--model", "small", "--pp", "2", "--schedule", schedule,
+                            "--microbatches", "8"], "trainers.pipeline", world_sizes=[2],
+                           check_paths=False)
+        return job_candidate(cfg, "pipeline", 2, "cpu")
+
+    gpipe, one_f_one_b = job("gpipe"), job("1f1b")
+    assert (gpipe.in_flight, one_f_one_b.in_flight) == (8, 2)  # all m vs pp micro-batches
+    assert gpipe.peak_bytes - one_f_one_b.peak_bytes == 6 * gpipe.anatomy.activations
+
+
+def test_plan_command_prints_the_table_and_a_command():
+    out = subprocess.run([sys.executable, "-m", "trainers.plan", "--model", "1b",
+                          "--device-memory-gb", "16"], capture_output=True, text=True,
+                         check=True, cwd=REPO).stdout
+    assert "fsdp zero3 (dp 8)" in out and "recommended: fsdp" in out
+    assert "torchx run components/fsdp.py:fsdp -j 1x8 -- --model 1b" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device-memory-gb", "0"], "--device-memory-gb must be positive"),
+    (["--nodes", "-1"], "--nodes must be positive"),
+    (["--model", "huge"], "invalid choice: 'huge'"),
+    (["--dtype", "fp8"], "invalid choice: 'fp8'"),
+    (["--heads", "5"], "--heads 5 does not divide the hidden size 4096"),
+    (["--model", "7b", "--device-memory-gb", "4"], "no configuration fits 4.0 GiB"),
+])
+def test_plan_command_rejects_bad_input_in_one_line(args, message):
+    proc = subprocess.run([sys.executable, "-m", "trainers.plan", *args], capture_output=True,
+                          text=True, cwd=REPO)
+    assert proc.returncode == 2 and message in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(("trainers.plan: error:", "usage:")) \
+        or message in proc.stderr.strip().splitlines()[-1]
+
+
+def test_custom_shape():
+    out = subprocess.run([sys.executable, "-m", "trainers.plan", "--layers", "4", "--heads",
+                          "8", "--hidden", "512", "--vocab", "1000", "--context", "128",
+                          "--device", "cpu", "--devices-per-node", "2",
+                          "--device-memory-gb", "4", "--global-batch", "16"],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert "recommended: ddp" in out
+
+
+def test_components_refuse_a_job_that_cannot_fit():
+    ddp("--model", "tiny")  # 2 GiB per rank on the default CPU node: fits
+    with pytest.raises(ComponentArgumentError, match=r"trainers.ddp: --model 1b needs .* GiB "
+                                                     r"per rank, devices have 16.0; try "
+                                                     r"trainers.fsdp"):
+        ddp("--model", "1b", "--dtype", "bf16", gpu=8, j="1x8", device_memory_gb=16)
+    with pytest.raises(ComponentArgumentError, match="no configuration fits 2.0 GiB"):
+        fsdp("--model", "1b")  # CPU node of 4096 MB for 2 processes
+    pipeline("--model", "small", "--pp", "2", "--schedule", "1f1b", "--microbatches", "8",
+             "--batch-size", "8")
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (5 * GIB, 5 * GIB))
+
+
+@pytest.mark.slow
+def test_out_of_memory_prints_the_anatomy_and_what_to_try(tmp_path):
+    cmd = [sys.executable, "-m", "trainers.ddp", "--model", "small", "--batch-size", "192",
+           "--steps", "2", "--output-dir", str(tmp_path), "--peak-tflops", "1",
+           "--tensorboard", "false", "--eval-every", "0", "--train-samples", "256"]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True,
+                          preexec_fn=_limit_memory, timeout=300)
+    assert proc.returncode == 1
+    assert "trainers.ddp: out of memory" in proc.stderr and "Traceback" not in proc.stderr
+    assert "activations" in proc.stderr and "--activation-checkpointing" in proc.stderr
+    assert "python -m trainers.plan --model small --global-batch 192" in proc.stderr

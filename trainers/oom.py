@@ -1,0 +1,66 @@
+"""Out of memory: say what the step held and what to try next, instead of a bare trace."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
+import torch
+
+from trainers.config import TrainConfig
+from trainers.plan import GIB, job_candidate
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """A CUDA out-of-memory error or a failed CPU allocation."""
+    return isinstance(err, torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
+
+
+def report(cfg: TrainConfig, prog: str, device: torch.device) -> str:
+    """The predicted anatomy of this job per rank, the memory the process reached and the next
+    things to try, in the decision guide's order."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    trainer = prog.rsplit(".", 1)[-1]
+    job = job_candidate(cfg, trainer, world, device.type)
+    a = job.anatomy
+    if device.type == "cuda":
+        reached = f"{torch.cuda.max_memory_allocated(device) / GIB:.2f} GiB allocated at peak"
+    else:
+        import resource
+
+        reached = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB RSS"
+    tries = []
+    if job.micro_batch > 1:
+        tries.append(f"--grad-accum {cfg.grad_accum * 2} (micro-batch {job.micro_batch} -> "
+                     f"{job.micro_batch // 2}, same global batch)")
+    if not cfg.activation_checkpointing:
+        tries.append("--activation-checkpointing")
+    if cfg.dtype == "fp32":
+        tries.append("--dtype bf16")
+    if trainer in ("ddp", "model_parallel"):
+        tries.append("trainers.fsdp (shards parameters, gradients and optimizer state)")
+    tries.append(f"python -m trainers.plan --model {cfg.model} --global-batch {cfg.batch_size} "
+                 "--device-memory-gb <GiB> for a configuration that fits")
+    lines = [f"{prog}: out of memory ({reached}). Predicted per rank for this job "
+             f"({job.describe()}):",
+             f"  parameters {a.params / GIB:.2f} GiB, gradients {a.grads / GIB:.2f} GiB, "
+             f"optimizer state {a.optimizer / GIB:.2f} GiB, activations "
+             f"{job.in_flight * a.activations / GIB:.2f} GiB, gathered {a.gathered / GIB:.2f} GiB"
+             f"; peak with the runtime {job.peak_bytes / GIB:.2f} GiB",
+             "Next things to try:", *(f"  - {t}" for t in tries)]
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def explain_out_of_memory(cfg: TrainConfig, prog: str, device: torch.device) -> Iterator[None]:
+    """Turn running out of memory inside into :func:`report` on stderr and exit status 1."""
+    try:
+        yield
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not is_out_of_memory(err):
+            raise
+        sys.stderr.write(report(cfg, prog, device) + "\n")
+        raise SystemExit(1) from None
