@@ -103,3 +103,18 @@ def test_the_1b_table_comes_from_the_formulas():
 def test_unknown_strategy_is_refused():
     with pytest.raises(ValueError, match="unknown strategy 'zero4'"):
         Layout("zero4")
+
+
+@pytest.mark.parametrize("name, seq", [("tiny", 64), ("small", 256)])
+@pytest.mark.parametrize("attention, window", [("naive", 256), ("tiled", 256),
+                                               ("sliding_window", 64), ("linear", 256)])
+def test_attention_implementations_match_the_formulas(name, seq, attention, window):
+    cfg = parse_config(["--model", name], "trainers.ddp", world_sizes=[1], check_paths=False)
+    torch.manual_seed(0)
+    model = build_model(name, attention=attention, attention_window=window)
+    optimizer = build_optimizer(model, cfg)
+    inputs, targets = torch.randint(0, 256, (2, 2, seq))
+    for _ in range(2):
+        measured = measure_step(model, optimizer, inputs, targets)
+    predicted = predict(model.cfg, 2, seq, "fp32", False, Layout())
+    assert_within(dataclasses.asdict(measured), dataclasses.asdict(predicted))

@@ -51,3 +51,11 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
     assert "at step 4" in proc.stdout
     after = {step: loss for step, loss in losses(whole).items() if step > 4}
     assert_close(losses(resumed), after)
+
+
+@pytest.mark.parametrize("attention", ["tiled", "naive"])
+def test_exact_attentions_train_like_sdpa(tmp_path, single_process, attention):
+    """tiled and naive compute the same attention as sdpa: the same losses within 1e-5."""
+    run_trainer([*TINY, "--batch-size", "16", "--attention", attention, "--output-dir",
+                 str(tmp_path)])
+    assert_close(losses(tmp_path), single_process)

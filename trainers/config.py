@@ -42,6 +42,10 @@ class TrainConfig:
     model: str = _opt("tiny", "model size", choices=sorted(MODEL_SIZES))
     seq_len: int = _opt(0, "tokens per sequence (0: the model's context length)")
     dropout: float = _opt(0.0, "dropout probability")
+    attention: str = _opt("sdpa", "attention implementation (trainers/attention.py); only sdpa "
+                          "has attention dropout",
+                          choices=["sdpa", "naive", "tiled", "sliding_window", "linear"])
+    attention_window: int = _opt(256, "keys each query sees under --attention sliding_window")
     # data
     data: str = _opt("synthetic", "'synthetic' (built-in Markov-chain data) or a token file "
                      "made by `python -m trainers.tokenize`")
@@ -192,6 +196,15 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], prog: str,
         raise ConfigError(f"--min-lr-ratio must be in [0, 1], got {cfg.min_lr_ratio}")
     if not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.attention_window <= 0:
+        raise ConfigError(f"--attention-window must be positive, got {cfg.attention_window}; "
+                          "pass the keys each query sees, e.g. --attention-window 256")
+    if cfg.attention_window != TrainConfig.attention_window and cfg.attention != "sliding_window":
+        raise ConfigError(f"--attention-window is used only by --attention sliding_window, not "
+                          f"{cfg.attention}; pass --attention sliding_window or drop the window")
+    if cfg.dropout > 0 and cfg.attention != "sdpa":
+        raise ConfigError(f"--dropout {cfg.dropout} needs --attention sdpa (the only one with "
+                          "attention dropout); pass --dropout 0 or --attention sdpa")
     if not 0.0 < cfg.val_fraction < 1.0:
         raise ConfigError(f"--val-fraction must be in (0, 1), got {cfg.val_fraction}")
     context = MODEL_SIZES[cfg.model].max_seq_len

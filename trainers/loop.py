@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 def prepare_model(cfg: TrainConfig, device: torch.device) -> Transformer:
     """The configured model on ``device``, identical on every rank (seeded from ``--seed``)."""
     torch.manual_seed(cfg.seed)
-    return build_model(cfg.model, cfg.dropout).to(device)
+    return build_model(cfg.model, cfg.dropout, cfg.attention, cfg.attention_window).to(device)
 
 
 class Strategy:

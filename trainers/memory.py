@@ -125,7 +125,31 @@ def block_activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, preci
     else:
         raise ValueError(f"unknown precision {precision!r}; use fp32, bf16 or bf16-params")
     stats = 2 * 2 * n * FP32 + heads // tp * n * FP32
-    return replicated + split // tp + weights + stats
+    return replicated + split // tp + weights + stats + attention_score_bytes(
+        shape, micro_batch, seq, tp)
+
+
+# The attention implementations' tiles (trainers/attention.py): sliding_window's query block,
+# linear attention's chunk.
+WINDOW_BLOCK = 128
+LINEAR_CHUNK = 64
+
+
+def attention_score_bytes(shape: ModelConfig, micro_batch: int, seq: int, tp: int = 1) -> int:
+    """Attention probabilities one block keeps for backward beyond sdpa's, by
+    ``shape.attention``: naive the whole ``seq x seq`` matrix per head, sliding_window a band
+    of ``window + block`` keys per query, linear a chunk of scores per query, its feature maps
+    and the running states (approximate: within 15%); sdpa and tiled keep only the row
+    log-sum-exp (counted with the statistics)."""
+    rows = micro_batch * shape.n_heads // tp * seq  # query rows on this rank
+    if shape.attention == "naive":
+        return rows * seq * FP32
+    if shape.attention == "sliding_window":
+        return rows * min(seq, WINDOW_BLOCK + shape.attention_window - 1) * FP32
+    if shape.attention == "linear":  # chunk scores, feature maps, numerators, chunk states
+        head = shape.head_dim
+        return rows * (LINEAR_CHUNK + 5 * head + head * head // LINEAR_CHUNK) * FP32
+    return 0
 
 
 def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: str,

@@ -15,16 +15,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainers.attention import attention_fn, sdpa
 from trainers.shapes import MODEL_SIZES, ModelConfig
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention through ``scaled_dot_product_attention``."""
+    """Causal multi-head self-attention; ``cfg.attention`` picks the implementation.
+
+    The implementations are in :mod:`trainers.attention`; the default, ``sdpa``, is
+    ``scaled_dot_product_attention``. Attention dropout (``cfg.dropout``, in training) exists
+    only for ``sdpa``: any other implementation with ``cfg.dropout > 0`` raises ValueError
+    (the residual and MLP dropout would apply, the attention dropout silently not).
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        if cfg.dropout > 0 and cfg.attention != "sdpa":
+            raise ValueError(f"attention dropout needs the sdpa attention, not "
+                             f"{cfg.attention!r}; use dropout 0 or attention 'sdpa'")
         self.head_dim = cfg.head_dim
         self.dropout = cfg.dropout
+        self.attend = attention_fn(cfg.attention, cfg.attention_window)
         self.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.wk = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.wv = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
@@ -36,8 +47,10 @@ class Attention(nn.Module):
         # -1 heads: the local head count, which is n_heads / tp under tensor parallelism.
         q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
                    for w in (self.wq, self.wk, self.wv))
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        if self.training and self.dropout > 0:  # sdpa, checked in __init__
+            out = sdpa(q, k, v, dropout_p=self.dropout)
+        else:
+            out = self.attend(q, k, v)
         out = out.transpose(1, 2).reshape(batch, seq, -1)
         return self.resid_dropout(self.wo(out))
 
@@ -115,6 +128,13 @@ class Transformer(nn.Module):
         return x if self.head is None else self.head(self.norm(x))
 
 
-def build_model(name: str, dropout: float = 0.0) -> Transformer:
-    """The named size with ``dropout``; initialised from the current torch seed."""
-    return Transformer(dataclasses.replace(MODEL_SIZES[name], dropout=dropout))
+def build_model(name: str, dropout: float = 0.0, attention: str = "sdpa",
+                attention_window: int = 256) -> Transformer:
+    """The named size with ``dropout`` and the ``attention`` implementation (``attention_window``
+    keys per query for ``sliding_window``); initialised from the current torch seed.
+
+    Raises ValueError for an unknown attention, a window < 1, or dropout > 0 with an attention
+    other than ``sdpa``.
+    """
+    return Transformer(dataclasses.replace(MODEL_SIZES[name], dropout=dropout, attention=attention,
+                                           attention_window=attention_window))

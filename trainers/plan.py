@@ -152,7 +152,8 @@ def recommend(shape: ModelConfig, seq: int, global_batch: int, devices_per_node:
 
 def job_candidate(cfg: TrainConfig, trainer: str, world: int, device: str) -> Candidate:
     """What the job ``cfg`` of ``trainer`` on ``world`` ranks needs per rank."""
-    shape = MODEL_SIZES[cfg.model]
+    shape = dataclasses.replace(MODEL_SIZES[cfg.model], attention=cfg.attention,
+                                attention_window=cfg.attention_window)
     dp = cfg.dp_size(world)
     micro = cfg.micro_batch(dp)
     strategy = {"ddp": "ddp", "model_parallel": "ddp", "pipeline": "ddp"}.get(

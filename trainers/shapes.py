@@ -18,6 +18,10 @@ class ModelConfig:
     d_model: int
     max_seq_len: int
     dropout: float = 0.0
+    # Attention implementation (a name in trainers.attention.ATTENTIONS) and, for
+    # sliding_window, the keys each query sees (its own included). Neither changes the shape.
+    attention: str = "sdpa"
+    attention_window: int = 256
 
     @property
     def head_dim(self) -> int:
