@@ -42,6 +42,7 @@ class Anatomy:
     optimizer: int
     activations: int
     gathered: int = 0
+    peak: int = 0  # measured only: the step's peak of everything allocated
 
     @property
     def total(self) -> int:

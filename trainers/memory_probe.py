@@ -5,7 +5,9 @@ Parameters, gradients and optimizer state are counted from the live tensors (loc
 DTensors; each storage once, at its full size, so DDP's gradient buckets and FSDP's padded
 shards count as allocated). Activations are what ``torch.distributed._tools.mem_tracker``
 sees alive at the end of forward (loss included) that was not alive before it; gathered
-parameters, the parameter bytes alive then beyond the parameters at rest.
+parameters, the parameter bytes alive then beyond the parameters at rest. The step's peak is
+the CUDA caching allocator's ``max_memory_allocated`` on GPUs and the tracker's peak of live
+storage on the CPU.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ def measure_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: tor
     gradient buckets in the second forward.
     """
     step = _StepLoss(model, autocast or contextlib.nullcontext())
+    device = inputs.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     tracker = MemTracker()
     tracker.track_external(step, optimizer)
     with tracker:
@@ -67,7 +72,8 @@ def measure_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: tor
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     snapshots = tracker.memory_tracking[step].snapshots
-    device = inputs.device
+    peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+            else tracker.get_tracker_snapshot("peak")[device]["Total"])
     before, after = (snapshots[state][-1][device] for state in (_ModState.PRE_FW,
                                                                   _ModState.POST_FW))
     params = storage_bytes(model.parameters())
@@ -75,4 +81,4 @@ def measure_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: tor
                                     for t in state.values() if isinstance(t, torch.Tensor))
     return Anatomy(params, grads, optimizer_state,
                    after["Activation"] - before["Activation"],
-                   max(0, after["Parameter"] - before["Parameter"]))
+                   max(0, after["Parameter"] - before["Parameter"]), peak)
