@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
     args = parser.parse_args(argv)
     torch.set_num_threads(THREADS)
-    model_name, batch, steps = ("tiny", 4, 3) if args.quick else ("small", 8, 6)
+    model_name, batch, steps = ("tiny", 4, 3) if args.quick else ("small", 8, 12)
     configs = []
     for name, dtype, checkpointing in CONFIGS:
         progress(name)
