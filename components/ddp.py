@@ -4,9 +4,10 @@ from typing import Dict, List, Optional
 
 from torchx import specs
 
-from components.launch import DEFAULT_IMAGE, trainer_app
+from components.launch import DEFAULT_IMAGE, launch_options, trainer_app
 
 
+@launch_options
 def ddp(
     *script_args: str,
     j: str = "1x2",
@@ -30,23 +31,5 @@ def ddp(
 
     Args:
         script_args: trainer arguments, e.g. ``--model small --steps 200 --batch-size 64``
-        j: [min_nodes:]nodes x processes per node, e.g. 1x2, 2x8 or 1:2x8 (elastic)
-        image: container image for container schedulers (ignored by local_cwd)
-        cpu: CPUs per node
-        gpu: GPUs per node (set to the processes per node on GPU hosts)
-        memMB: memory per node in MB
-        h: a registered named resource (takes precedence over cpu, gpu and memMB)
-        env: extra environment variables, e.g. OMP_NUM_THREADS=1,NCCL_DEBUG=WARN
-        max_retries: scheduler retries; a retried job resumes from its newest checkpoint
-        rdzv_port: port of the c10d rendezvous on the first node (multi-node jobs)
-        mounts: mounts for the workers, e.g. type=bind,src=/data,dst=/data
-        check_paths: check --data and --output-dir on the submitting machine; turn off when
-            they exist only where the job runs
-        device_memory_gb: memory of one device (GPU); the job is refused when the memory
-            planner says a rank needs more (0: CPU jobs are checked against memMB shared by
-            the node's processes, GPU jobs are not checked)
     """
-    return trainer_app("trainers.ddp", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
-                       memMB=memMB, h=h, env=env, max_retries=max_retries, rdzv_port=rdzv_port,
-                       mounts=mounts, check_paths=check_paths,
-                       device_memory_gb=device_memory_gb)
+    return trainer_app("trainers.ddp", **locals())

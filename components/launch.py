@@ -45,10 +45,37 @@ def node_range(j: str) -> tuple[int, int, int]:
     return min_nodes, max_nodes, nproc
 
 
+# The Args lines of the options every component shares (TorchX reads a component's help from
+# its docstring at run time, so :func:`launch_options` appends them to each).
+LAUNCH_ARGS = """\
+        j: [min_nodes:]nodes x processes per node, e.g. 1x2, 2x8 or 1:2x8 (elastic)
+        image: container image for container schedulers (ignored by local_cwd)
+        cpu: CPUs per node
+        gpu: GPUs per node (set to the processes per node on GPU hosts)
+        memMB: memory per node in MB
+        h: a registered named resource (takes precedence over cpu, gpu and memMB)
+        env: extra environment variables, e.g. OMP_NUM_THREADS=1,NCCL_DEBUG=WARN
+        max_retries: scheduler retries; a retried job resumes from its newest checkpoint
+        rdzv_port: port of the c10d rendezvous on the first node (multi-node jobs)
+        mounts: mounts for the workers, e.g. type=bind,src=/data,dst=/data
+        check_paths: check --data and --output-dir on the submitting machine; turn off when
+            they exist only where the job runs
+        device_memory_gb: memory of one device (GPU); the job is refused when the memory
+            planner says a rank needs more (0: CPU jobs are checked against memMB shared by
+            the node's processes, GPU jobs are not checked)
+"""
+
+
+def launch_options(component: Callable[..., specs.AppDef]) -> Callable[..., specs.AppDef]:
+    """Append the shared options' Args lines to ``component``'s docstring."""
+    component.__doc__ = component.__doc__.rstrip() + "\n" + LAUNCH_ARGS
+    return component
+
+
 def trainer_app(
     module: str,
-    script_args: tuple[str, ...],
     *,
+    script_args: tuple[str, ...],
     j: str,
     image: str,
     cpu: int,
