@@ -10,18 +10,17 @@ gradients across processes (one process per node, each with its own devices).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from trainers.config import exit_on_config_error, parse_or_exit
-from trainers.distributed import init_distributed
+from trainers.config import TrainConfig
+from trainers.distributed import DistEnv
+from trainers.entry import run
 from trainers.errors import ConfigError
-from trainers.loop import prepare_model, train
+from trainers.loop import Strategy, prepare_model
 from trainers.model import Transformer
-from trainers.oom import explain_out_of_memory
 from trainers.parallelize import DDPStrategy, apply_activation_checkpointing
 
 PROG = "trainers.model_parallel"
@@ -66,16 +65,17 @@ def parse_devices(spec: str) -> list[torch.device]:
     return devices
 
 
+def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
+    """The blocks spread over ``--devices`` in this process; DDP across processes."""
+    devices = parse_devices(cfg.devices)
+    model = prepare_model(cfg, devices[0])
+    if cfg.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    return DDPStrategy(SpreadTransformer(model, devices), env)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = parse_or_exit(argv, PROG)
-    with exit_on_config_error(PROG), init_distributed(cfg) as env, \
-            explain_out_of_memory(cfg, PROG, env.device):
-        devices = parse_devices(cfg.devices)
-        model = prepare_model(cfg, devices[0])
-        if cfg.activation_checkpointing:
-            apply_activation_checkpointing(model)
-        train(cfg, env, DDPStrategy(SpreadTransformer(model, devices), env))
+    run(PROG, build, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,12 +31,12 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
-from trainers.config import TrainConfig, exit_on_config_error, parse_or_exit
+from trainers.config import TrainConfig
 from trainers.data import Batch
-from trainers.distributed import init_distributed
-from trainers.loop import Strategy, prepare_model, train
+from trainers.distributed import DistEnv
+from trainers.entry import run
+from trainers.loop import Strategy, prepare_model
 from trainers.model import Transformer
-from trainers.oom import explain_out_of_memory
 from trainers.parallelize import apply_activation_checkpointing
 from trainers.pipeline_timeline import TimedStage
 
@@ -191,15 +190,15 @@ def _tied_weight_group(mesh: DeviceMesh, last_stage: int) -> dist.ProcessGroup |
     return mine
 
 
+def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
+    """This rank's stages of a (dp x pp) mesh of pipelines."""
+    dp = cfg.dp_size(env.world_size)
+    mesh = init_device_mesh(env.device.type, (dp, cfg.pp), mesh_dim_names=("dp", "pp"))
+    return PipelineStrategy(prepare_model(cfg, env.device), cfg, mesh, env.device)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = parse_or_exit(argv, PROG)
-    with exit_on_config_error(PROG), init_distributed(cfg) as env, \
-            explain_out_of_memory(cfg, PROG, env.device):
-        dp = cfg.dp_size(env.world_size)
-        mesh = init_device_mesh(env.device.type, (dp, cfg.pp), mesh_dim_names=("dp", "pp"))
-        model = prepare_model(cfg, env.device)
-        train(cfg, env, PipelineStrategy(model, cfg, mesh, env.device))
+    run(PROG, build, argv)
 
 
 if __name__ == "__main__":

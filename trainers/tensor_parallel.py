@@ -9,15 +9,14 @@ node: they communicate twice per block in forward and backward.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from torch.distributed.device_mesh import init_device_mesh
 
-from trainers.config import exit_on_config_error, parse_or_exit
-from trainers.distributed import init_distributed
-from trainers.loop import Strategy, prepare_model, train
-from trainers.oom import explain_out_of_memory
+from trainers.config import TrainConfig
+from trainers.distributed import DistEnv
+from trainers.entry import run
+from trainers.loop import Strategy, prepare_model
 from trainers.parallelize import (
     ShardedStrategy,
     apply_activation_checkpointing,
@@ -28,24 +27,25 @@ from trainers.parallelize import (
 PROG = "trainers.tensor_parallel"
 
 
+def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
+    """Tensor parallel over the mesh's ``tp`` dimension, FSDP over ``dp`` when it has more
+    than one group."""
+    dp = cfg.dp_size(env.world_size)
+    mesh = init_device_mesh(env.device.type, (dp, cfg.tp), mesh_dim_names=("dp", "tp"))
+    model = prepare_model(cfg, env.device)
+    apply_tensor_parallel(model, mesh["tp"], cfg.sequence_parallel)
+    if cfg.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if dp == 1:
+        return Strategy(model, dp_rank=0, dp_size=1)
+    apply_fsdp(model, mesh["dp"], cfg.reshard_after_forward, cfg.dtype == "bf16",
+               cfg.cpu_offload)
+    return ShardedStrategy(model, dp_rank=mesh["dp"].get_local_rank(), dp_size=dp,
+                           dp_group=mesh["dp"].get_group())
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = parse_or_exit(argv, PROG)
-    with exit_on_config_error(PROG), init_distributed(cfg) as env, \
-            explain_out_of_memory(cfg, PROG, env.device):
-        dp = cfg.dp_size(env.world_size)
-        mesh = init_device_mesh(env.device.type, (dp, cfg.tp), mesh_dim_names=("dp", "tp"))
-        model = prepare_model(cfg, env.device)
-        apply_tensor_parallel(model, mesh["tp"], cfg.sequence_parallel)
-        if cfg.activation_checkpointing:
-            apply_activation_checkpointing(model)
-        if dp == 1:
-            train(cfg, env, Strategy(model, dp_rank=0, dp_size=1))
-            return
-        apply_fsdp(model, mesh["dp"], cfg.reshard_after_forward, cfg.dtype == "bf16",
-                   cfg.cpu_offload)
-        train(cfg, env, ShardedStrategy(model, dp_rank=mesh["dp"].get_local_rank(), dp_size=dp,
-                                        dp_group=mesh["dp"].get_group()))
+    run(PROG, build, argv)
 
 
 if __name__ == "__main__":
