@@ -144,8 +144,9 @@ def _str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are a single ``prog: error: ...`` line, raised as ConfigError."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are raised as ConfigError, so that :func:`exit_on_config_error`
+    reports them in a single ``prog: error: ...`` line."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ConfigError(message)
@@ -153,7 +154,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     """The parser for every :class:`TrainConfig` field, with ``--help`` from its metadata."""
-    parser = _OneLineParser(prog=prog, description=__doc__.splitlines()[0],
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0],
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     hints = get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainers.shapes import ModelConfig
+from trainers.config import OneLineParser, exit_on_config_error
+from trainers.errors import ConfigError
+from trainers.shapes import MODEL_SIZES, ModelConfig
 
 FP32 = 4
 BF16 = 2
@@ -209,29 +211,28 @@ def anatomy_table(shape: ModelConfig, micro_batch: int, seq: int, dtype: str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    from trainers.shapes import MODEL_SIZES
-
-    parser = argparse.ArgumentParser(prog="trainers.memory", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="trainers.memory", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="1b", choices=sorted(MODEL_SIZES))
     parser.add_argument("--micro-batch", type=int, default=1, help="sequences per rank")
     parser.add_argument("--seq-len", type=int, default=0, help="0: the model's context")
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--devices", type=int, default=8, help="data-parallel ranks")
-    args = parser.parse_args(argv)
-    for flag in ("micro_batch", "devices", "seq_len"):
-        if getattr(args, flag) < (0 if flag == "seq_len" else 1):
-            parser.error(f"--{flag.replace('_', '-')} must be positive")
-    shape = MODEL_SIZES[args.model]
-    seq = args.seq_len or shape.max_seq_len
+    with exit_on_config_error("trainers.memory"):
+        args = parser.parse_args(argv)
+        for flag in ("micro_batch", "devices"):
+            if getattr(args, flag) < 1:
+                raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
+                                  f"{getattr(args, flag)}")
+        shape = MODEL_SIZES[args.model]
+        seq = args.seq_len or shape.max_seq_len
+        if not 0 < seq <= shape.max_seq_len:
+            raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}")
     print(f"{args.model}: {shape.num_params() / 1e9:.2f}B parameters, micro-batch "
           f"{args.micro_batch} x {seq} tokens, {args.dtype}"
           + (", activation checkpointing" if args.activation_checkpointing else ""))
     print(anatomy_table(shape, args.micro_batch, seq, args.dtype, args.activation_checkpointing,
                         args.devices))
-
 
 if __name__ == "__main__":
     main()

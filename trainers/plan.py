@@ -12,12 +12,11 @@ before scheduling a job. Plain Python without torch.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from trainers.config import TrainConfig
+from trainers.config import OneLineParser, TrainConfig, exit_on_config_error
 from trainers.errors import ConfigError
 from trainers.memory import Anatomy, Layout, block_activation_bytes, precision, predict
 from trainers.shapes import MODEL_SIZES, ModelConfig
@@ -222,7 +221,7 @@ def custom_shape(base: ModelConfig, layers: int, heads: int, hidden: int, vocab:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="trainers.plan", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="trainers.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="7b", choices=sorted(MODEL_SIZES))
     parser.add_argument("--seq-len", type=int, default=0, help="0: the model's context")
     parser.add_argument("--global-batch", type=int, default=256, help="sequences per step")
@@ -234,34 +233,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     shape_group = parser.add_argument_group("a shape of your own (overrides --model's)")
     for flag in ("layers", "heads", "hidden", "vocab", "context"):
         shape_group.add_argument(f"--{flag}", type=int, default=0)
-    args = parser.parse_args(argv)
-    for flag in ("global_batch", "devices_per_node", "nodes", "device_memory_gb"):
-        if getattr(args, flag) <= 0:
-            parser.exit(2, f"trainers.plan: error: --{flag.replace('_', '-')} must be "
-                           "positive\n")
-    try:
+    with exit_on_config_error("trainers.plan"):
+        args = parser.parse_args(argv)
+        for flag in ("global_batch", "devices_per_node", "nodes", "device_memory_gb"):
+            if getattr(args, flag) <= 0:
+                raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
+                                  f"{getattr(args, flag)}")
         shape = custom_shape(MODEL_SIZES[args.model], args.layers, args.heads, args.hidden,
                              args.vocab, args.context)
-    except ConfigError as err:
-        parser.exit(2, f"trainers.plan: error: {err}\n")
-    seq = args.seq_len or shape.max_seq_len
-    if seq < 0 or seq > shape.max_seq_len:
-        parser.exit(2, f"trainers.plan: error: --seq-len must be in 1..{shape.max_seq_len}\n")
-    devices = args.devices_per_node * args.nodes
-    print(f"{args.model}: {shape.num_params() / 1e9:.2f}B parameters, {seq} tokens, "
-          f"{args.dtype}, {args.nodes} x {args.devices_per_node} devices of "
-          f"{args.device_memory_gb:g} GiB")
-    print(table(shape, seq, args.dtype, devices, args.device))
-    try:
+        seq = args.seq_len or shape.max_seq_len
+        if not 0 < seq <= shape.max_seq_len:
+            raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}")
+        devices = args.devices_per_node * args.nodes
+        print(f"{args.model}: {shape.num_params() / 1e9:.2f}B parameters, {seq} tokens, "
+              f"{args.dtype}, {args.nodes} x {args.devices_per_node} devices of "
+              f"{args.device_memory_gb:g} GiB")
+        print(table(shape, seq, args.dtype, devices, args.device))
         best = recommend(shape, seq, args.global_batch, args.devices_per_node, args.nodes,
                          int(args.device_memory_gb * GIB), args.dtype, args.device)
-    except ConfigError as err:
-        parser.exit(2, f"trainers.plan: error: {err}\n")
     print(f"\nrecommended: {best.describe()}: {best.peak_bytes / GIB:.1f} GiB per rank")
     print(f"  torchx run components/{best.trainer}.py:{best.trainer} -j "
           f"{args.nodes}x{args.devices_per_node} -- --model {args.model} --batch-size "
           f"{args.global_batch} --dtype {args.dtype} {best.flags()}")
-
 
 if __name__ == "__main__":
     main()
