@@ -182,18 +182,20 @@ def _tied_weight_group(mesh: DeviceMesh, last_stage: int) -> dist.ProcessGroup |
     last = last_stage % pp
     if last == 0:
         return None
+    pipelines = mesh.mesh.movedim(mesh.mesh_dim_names.index("pp"), -1).reshape(-1, pp)
     mine = None
-    for row in mesh.mesh.tolist():
-        group = dist.new_group([row[0], row[last]])
-        if dist.get_rank() in (row[0], row[last]):
+    for ranks in pipelines.tolist():
+        group = dist.new_group([ranks[0], ranks[last]])
+        if dist.get_rank() in (ranks[0], ranks[last]):
             mine = group
     return mine
 
 
 def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
-    """This rank's stages of a (dp x pp) mesh of pipelines."""
+    """This rank's stages of a (pp x dp) mesh of pipelines: consecutive ranks (one node) hold
+    the same stage of different replicas, so only activations cross between nodes."""
     dp = cfg.dp_size(env.world_size)
-    mesh = init_device_mesh(env.device.type, (dp, cfg.pp), mesh_dim_names=("dp", "pp"))
+    mesh = init_device_mesh(env.device.type, (cfg.pp, dp), mesh_dim_names=("pp", "dp"))
     return PipelineStrategy(prepare_model(cfg, env.device), cfg, mesh, env.device)
 
 
