@@ -9,7 +9,6 @@ warm-up and cosine decay, autocast, evaluation, checkpoints, metrics and the sum
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import time
 from collections.abc import Sequence
@@ -35,8 +34,6 @@ from trainers.metrics import (
 )
 from trainers.model import Transformer, build_model
 from trainers.shapes import MODEL_SIZES
-
-log = logging.getLogger(__name__)
 
 
 def prepare_model(cfg: TrainConfig, device: torch.device) -> Transformer:
