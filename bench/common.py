@@ -155,6 +155,16 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
 
 
 
+def finish(output: Path, report: dict[str, Any], table: str, missed: Sequence[str],
+           strict: bool) -> int:
+    """Write ``report`` to ``output``, print ``table``; exit status 1 when ``strict`` and a
+    target or check in ``missed`` failed, else 0."""
+    write_json(output, report)
+    print(table)
+    print(f"\nwrote {output} ({report['duration_s']:.0f}s)")
+    return 1 if strict and missed else 0
+
+
 def run_in_scratch(prefix: str, parent: str | None, keep: bool,
                    run: Callable[[Path], dict[str, Any]]) -> dict[str, Any] | None:
     """``run(scratch)`` in a fresh scratch directory (under ``parent``, default the system's

@@ -53,11 +53,11 @@ from bench.common import (  # noqa: E402
     THREADS,
     BenchError,
     child_env,
+    finish,
     host_info,
     progress,
     run_in_scratch,
     run_streaming,
-    write_json,
 )
 from bench.peak import measure_peak  # noqa: E402
 from trainers.shapes import MODEL_SIZES  # noqa: E402
@@ -579,11 +579,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                           args.peak_tflops))
     if report is None:
         return 2
-    write_json(output, report)
-    print(table(report))
-    print(f"\nwrote {output} ({report['duration_s']:.0f}s)")
     missed = [c["name"] for c in report["memory"]["checks"] if not c["pass"]]
-    return 1 if args.strict and missed else 0
+    return finish(output, report, table(report), missed, args.strict)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from bench.common import (  # noqa: E402
     THREADS,
     BenchError,
     child_env,
+    finish,
     free_port,
     host_info,
     median,
@@ -53,7 +54,6 @@ from bench.common import (  # noqa: E402
     run_in_scratch,
     run_streaming,
     tool,
-    write_json,
 )
 from bench.peak import measure_peak  # noqa: E402
 from trainers.shapes import MODEL_SIZES  # noqa: E402
@@ -448,11 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                           args.quick))
     if report is None:
         return 2
-    write_json(output, report)
-    print(table(report))
-    print(f"\nwrote {output} ({report['duration_s']:.0f}s)")
     missed = [t["name"] for t in report["results"]["targets"] if not t["pass"]]
-    return 1 if args.strict and missed else 0
+    return finish(output, report, table(report), missed, args.strict)
 
 
 if __name__ == "__main__":
