@@ -25,6 +25,7 @@ from trainers.checkpoint import Checkpointer
 from trainers.config import TrainConfig
 from trainers.data import Batch, BatchStream, MarkovChainDataset, build_datasets, eval_batches
 from trainers.distributed import DistEnv
+from trainers.faults import kill_point, maybe_kill
 from trainers.metrics import (
     MetricsWriter,
     format_line,
@@ -199,6 +200,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
     tokens_per_step = cfg.batch_size * cfg.seq_len
     autocast = strategy.autocast(cfg.dtype, env.device)
     history: list[dict[str, float]] = []
+    kill_at = kill_point()
     wall_start = time.perf_counter()
     for step in range(start_step + 1, cfg.steps + 1):
         step_start = time.perf_counter()
@@ -228,6 +230,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
         writer.write(step, metrics)
         if step % cfg.log_every == 0 or step in (start_step + 1, cfg.steps):
             writer.print(format_line(step, cfg.steps, metrics))
+        maybe_kill(kill_at, env.rank, step, run_dir)
         if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
             loop_state.update(step=step, data=stream.state_dict(),
                               scheduler=scheduler.state_dict())
