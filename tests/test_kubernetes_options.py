@@ -62,7 +62,7 @@ def _template(privileged: bool = False) -> dict:
                         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
                                          {"name": "mount-0", "mountPath": "/tmp"}]}],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
-                    {"name": "mount-0", "hostPath": {"path": "/x"}}],
+                    {"name": "mount-0", "persistentVolumeClaim": {"claimName": "data"}}],
         "nodeSelector": {"node.kubernetes.io/instance-type": "p4d.24xlarge"}}}
 
 
@@ -100,33 +100,43 @@ def test_job_name_that_cannot_be_a_pod_hostname_is_refused():
     with pytest.raises(ComponentArgumentError, match="job name 'a{50}-.*not a DNS-1123 label"):
         scheduler.submit_dryrun(specs.AppDef(name="a" * 50, roles=[role]), {"queue": "q"})
     with pytest.raises(ComponentArgumentError, match=r"pod hostname 'a{40}-\w+-trainer-0-0' "
-                       r"\(67 characters\)"):
+                       r"\(6[67] characters\)"):
         scheduler.submit_dryrun(specs.AppDef(name="a" * 40, roles=[role]), {"queue": "q"})
     info = scheduler.submit_dryrun(specs.AppDef(name="a" * 20, roles=[role]), {"queue": "q"})
     assert info.request.resource["metadata"]["name"].startswith("a" * 20 + "-")
 
 
-# (-cfg, component options, the error's fragment). Each runs the real CLI with no .torchxconfig.
+# (-cfg, component options, the error's start). Each runs the real CLI with no .torchxconfig.
 BAD_INPUT = [
-    ("", [], "no Volcano queue given; pass -cfg queue="),
-    ("queue=q,namespace=Team_A", [], "namespace='Team_A' is invalid: must be a DNS-1123 label"),
-    ("queue=q,tolerations=gpu:Sometimes", [], "tolerations='gpu:Sometimes' is invalid"),
-    ("queue=q,node_selector=zone", [], "node_selector='zone' is invalid"),
-    ("queue=q,secret_env=HF_TOKEN:hf", [], "secret_env='HF_TOKEN:hf' is invalid"),
-    ("queue=q,secret_volumes=key", [], "secret_volumes='key' is invalid"),
-    ("queue=q,checkpoint_pvc=ckpt:out", [], "checkpoint_pvc='ckpt:out' is invalid"),
-    ("queue=q,node_shapes=8/32Gi", ["--cpu", "16"], "no node in node_shapes offers"),
-    ("queue=q,shm_size=8Gi", [], "shm_size=8Gi exceeds the pod's memory limit 4096M"),
+    ("", [], "kubernetes: no Volcano queue given; pass -cfg queue="),
+    ("queue=q,namespace=Team_A", [],
+     "kubernetes: namespace='Team_A' is invalid: must be a DNS-1123 label"),
+    ("queue=q,tolerations=gpu:Sometimes", [], "kubernetes: tolerations='gpu:Sometimes' is invalid"),
+    ("queue=q,node_selector=zone", [], "kubernetes: node_selector='zone' is invalid"),
+    ("queue=q,secret_env=HF_TOKEN:hf", [], "kubernetes: secret_env='HF_TOKEN:hf' is invalid"),
+    ("queue=q,secret_volumes=key", [], "kubernetes: secret_volumes='key' is invalid"),
+    ("queue=q,checkpoint_pvc=ckpt:out", [], "kubernetes: checkpoint_pvc='ckpt:out' is invalid"),
+    ("queue=q", ["--mounts", "type=volume,src=ckpt"], "--mounts type=volume,src=ckpt: no dst="),
+    ("queue=q", ["--mounts", "type=volume,src=Ckpt_1,dst=/data"],
+     "kubernetes: --mounts src='Ckpt_1' is invalid"),
+    ("queue=q", ["--mounts", "type=bind,src=/x,dst=/data"],
+     "kubernetes: --mounts type=bind (/x) mounts a host path"),
+    ("queue=q,node_shapes=8/32Gi", ["--cpu", "16"],
+     "kubernetes: role ddp asks each pod for 16 CPUs"),
+    ("queue=q", ["-h", "cpu.smal"], "-h cpu.smal: No named resource found for `cpu.smal`. Did"),
+    ("queue=q,shm_size=8Gi", [], "kubernetes: shm_size=8Gi exceeds the pod's memory limit 4096M"),
 ]
 
 
-@pytest.mark.parametrize(("cfg", "options", "fragment"), BAD_INPUT,
-                         ids=[b[2].split(" ")[0].strip("'=") for b in BAD_INPUT])
-def test_torchx_run_refuses_bad_input_in_one_line(tmp_path, cfg, options, fragment):
+@pytest.mark.parametrize(("cfg", "options", "start"), BAD_INPUT,
+                         ids=[f"{i}-{b[2].split()[1 if b[2][0] == 'k' else 0]}"
+                              for i, b in enumerate(BAD_INPUT)])
+def test_torchx_run_refuses_bad_input_in_one_line(tmp_path, cfg, options, start):
     args = dryrun_args("ddp", "2x2", ("--model", "tiny"), cfg, path=REPO / "components/ddp.py")
     args[args.index("-j"):args.index("-j")] = options
     proc = torchx_cli(args, cwd=tmp_path, home=tmp_path)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "=== SCHEDULER REQUEST ===" not in proc.stdout
-    (line,) = [ln for ln in proc.stderr.splitlines() if fragment in ln]
-    assert line.startswith(" kubernetes: "), line
+    lines = proc.stderr.splitlines()
+    (i,) = [i for i, line in enumerate(lines) if line.startswith(f" {start}")]
+    assert lines[i - 1].startswith("Failed to run component") and i == len(lines) - 1

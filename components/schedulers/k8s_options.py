@@ -50,7 +50,7 @@ def check_subdomain(option: str, value: str) -> str:
     """``value`` if it is a DNS-1123 subdomain (object names: secrets, claims, classes)."""
     if not is_dns1123_subdomain(value):
         raise _fail(option, value, "must be a DNS-1123 subdomain (lower-case letters, digits, "
-                    "'-' and '.'), e.g. hf-token")
+                    "'-' and '.'), e.g. torchx-outputs")
     return value
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.launch import ComponentArgumentError
-from components.schedulers.k8s_options import NodeShape, SecretEnv, parse_quantity
+from components.schedulers.k8s_options import NodeShape, SecretEnv, check_subdomain, parse_quantity
 
 # The image's layout (images/): the repository at WORKDIR, a numeric non-root user, its HOME.
 WORKDIR = "/opt/torchx-templates"
@@ -110,6 +110,14 @@ def customize_pod(template: Pod, opts: PodOptions) -> Pod:
         raise ComponentArgumentError(
             "kubernetes: device mounts (type=device) need a privileged container, which the "
             "hardened pod forbids; request devices through a device plugin (--gpu, -h) instead")
+    for volume in spec.get("volumes", []):
+        if "hostPath" in volume:
+            raise ComponentArgumentError(
+                f"kubernetes: --mounts type=bind ({volume['hostPath']['path']}) mounts a host "
+                "path, which the hardened pod (and k8s/'s restricted namespace) forbids; mount a "
+                "claim instead: type=volume,src=CLAIM,dst=/PATH")
+        if "persistentVolumeClaim" in volume:
+            check_subdomain("--mounts src", volume["persistentVolumeClaim"]["claimName"])
     _size_shm(spec, container, opts)
     writable = {"tmp": "/tmp", "home": HOME_DIR} if opts.read_only_root_fs else {}
     for name, path in writable.items():

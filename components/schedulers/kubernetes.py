@@ -104,8 +104,8 @@ def check_job_names(job: dict[str, Any]) -> None:
         if not opt.is_dns1123_label(value):
             raise ComponentArgumentError(
                 f"kubernetes: {what} {value!r} ({len(value)} characters) is not a DNS-1123 "
-                "label of at most 63; shorten the app and role names (TorchX appends a "
-                "14-character id to the app name)")
+                "label of at most 63; shorten the app and role names (TorchX appends an id of up "
+                "to 14 characters to the app name)")
 
 
 class KubernetesScheduler(_TorchXKubernetes):
