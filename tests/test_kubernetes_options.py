@@ -9,8 +9,22 @@ from torchx import specs
 from components.launch import ComponentArgumentError
 from components.schedulers import k8s_options as opt
 from components.schedulers.k8s_pod import PodOptions, check_fits, customize_pod
-from components.schedulers.kubernetes import create_scheduler
+from components.schedulers.kubernetes import KubernetesScheduler, create_scheduler
 from tests.k8s_support import REPO, dryrun_args, torchx_cli
+
+
+def test_kubernetes_entry_point_is_the_extended_scheduler():
+    from torchx.schedulers import get_scheduler_factories
+
+    factories = get_scheduler_factories()
+    assert set(factories) == {"local_cwd", "local_docker", "slurm", "kubernetes"}
+    scheduler = factories["kubernetes"]("test")
+    assert isinstance(scheduler, KubernetesScheduler)
+    opts = scheduler.run_opts()
+    assert not opts.get("queue").is_required  # checked in one line by _submit_dryrun
+    added = {"node_selector", "tolerations", "secret_env", "secret_volumes", "checkpoint_pvc",
+             "shm_size", "image_pull_secrets", "read_only_root_fs", "node_shapes"}
+    assert added <= dict(opts).keys()
 
 
 def test_parsers_accept_the_documented_forms():
