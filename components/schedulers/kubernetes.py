@@ -11,6 +11,7 @@ submitted; ``torchx run`` prints that one line and exits 1.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, List, cast  # noqa: UP035 (torchx matches typing.List[str] exactly)
 
 from torchx.schedulers.api import AppDryRunInfo
@@ -55,9 +56,9 @@ _EXTRA_OPTS: list[tuple[str, Any, CfgVal, str]] = [
 ]
 
 
-def _list(cfg: KubernetesOpts, key: str) -> list[str]:
-    value = cast(dict[str, Any], cfg).get(key)
-    return [v for v in (value or []) if v]
+def _list(cfg: Mapping[str, Any], key: str) -> list[str]:
+    """The non-empty items of list option ``key`` (none when unset)."""
+    return [v for v in (cfg.get(key) or []) if v]
 
 
 def pod_options(cfg: KubernetesOpts) -> PodOptions:
@@ -72,12 +73,12 @@ def pod_options(cfg: KubernetesOpts) -> PodOptions:
         read_only_root_fs=raw.get("read_only_root_fs") is not False,
         outputs_claim=claim,
         outputs_path=path,
-        node_selector=opt.parse_node_selector(_list(cfg, "node_selector")),
-        tolerations=opt.parse_tolerations(_list(cfg, "tolerations")),
-        secret_env=opt.parse_secret_env(_list(cfg, "secret_env")),
-        secret_volumes=opt.parse_secret_volumes(_list(cfg, "secret_volumes")),
+        node_selector=opt.parse_node_selector(_list(raw, "node_selector")),
+        tolerations=opt.parse_tolerations(_list(raw, "tolerations")),
+        secret_env=opt.parse_secret_env(_list(raw, "secret_env")),
+        secret_volumes=opt.parse_secret_volumes(_list(raw, "secret_volumes")),
         image_pull_secrets=[opt.check_subdomain("image_pull_secrets", s)
-                            for s in _list(cfg, "image_pull_secrets")],
+                            for s in _list(raw, "image_pull_secrets")],
     )
 
 
@@ -123,7 +124,7 @@ class KubernetesScheduler(_TorchXKubernetes):
     def _submit_dryrun(self, app: AppDef, cfg: KubernetesOpts) -> AppDryRunInfo[KubernetesJob]:
         check_cfg_names(cfg)
         pods = pod_options(cfg)
-        shapes = opt.parse_node_shapes(_list(cfg, "node_shapes"))
+        shapes = opt.parse_node_shapes(_list(cast(Mapping[str, Any], cfg), "node_shapes"))
         for role in app.roles:
             r = role.resource
             check_fits(role.name, r.cpu, r.memMB, r.gpu, shapes)
