@@ -45,6 +45,25 @@ def node_range(j: str) -> tuple[int, int, int]:
     return min_nodes, max_nodes, nproc
 
 
+def check_launch_specs(h: str | None, mounts: list[str] | None) -> None:
+    """Raise ComponentArgumentError (one line) for a named resource TorchX does not know or a
+    ``--mounts`` spec it cannot parse, where TorchX itself would end in a traceback."""
+    if h is not None and h not in specs.named_resources:
+        try:
+            specs.named_resources[h]
+        except KeyError as err:
+            raise ComponentArgumentError(f"-h {h}: {err.args[0]}") from None
+    if mounts:
+        try:
+            specs.parse_mounts(mounts)
+        except (KeyError, ValueError) as err:
+            detail = f"no {err.args[0]}=" if err.args[0] in ("src", "dst") else err.args[0]
+            raise ComponentArgumentError(
+                f"--mounts {','.join(mounts)}: {detail}; expected "
+                "type=bind|volume|device,src=SOURCE,dst=/PATH[,readonly], e.g. "
+                "type=volume,src=my-claim,dst=/data") from None
+
+
 # The Args lines of the options every component shares (TorchX reads a component's help from
 # its docstring at run time, so :func:`launch_options` appends them to each).
 LAUNCH_ARGS = """\
@@ -115,6 +134,7 @@ def trainer_app(
                        int(memory), "cuda" if gpu > 0 else "cpu")
     except ConfigError as err:
         raise ComponentArgumentError(f"{module}: {err}") from None
+    check_launch_specs(h, mounts)
     return dist.ddp(*args, m=module, image=image, name=module.rsplit(".", 1)[-1], h=h,
                     cpu=cpu, gpu=gpu, memMB=memMB, j=j, env=env, max_retries=max_retries,
                     rdzv_port=rdzv_port, mounts=mounts)
