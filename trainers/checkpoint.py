@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -37,7 +38,8 @@ from trainers.checkpoint_files import (
     verify,
 )
 from trainers.distributed import DistEnv
-from trainers.errors import ConfigError
+from trainers.errors import CheckpointWriteError, ConfigError
+from trainers.faults import KillPoint, maybe_kill
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,22 @@ class _TrainState(Stateful):
         self.loop_state.update(state["loop"])
 
 
+def _write_failure(err: BaseException, folder: Path) -> str:
+    """A one-line reason for a failed checkpoint write: the OS error if there is one, "the file
+    system is full" when little space is left (torch's zip writer hides ENOSPC), else the last
+    line of the error."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror
+        seen = seen.__cause__ or seen.__context__
+    free = shutil.disk_usage(folder).free
+    if free < 64 * 2**20:
+        return f"the file system is full: {free / 2**20:.1f} MiB free"
+    lines = str(err).strip().splitlines()
+    return lines[-1].strip() if lines else type(err).__name__
+
+
 def _rng_state() -> dict[str, Any]:
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -79,11 +97,14 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 class Checkpointer:
     """Saves and resumes the run in ``run_dir``, keeping the ``keep`` newest checkpoints."""
 
-    def __init__(self, run_dir: Path, keep: int, env: DistEnv, model_name: str) -> None:
+    def __init__(self, run_dir: Path, keep: int, env: DistEnv, model_name: str,
+                 kill_at: KillPoint | None = None) -> None:
+        self.run_dir = run_dir
         self.folder = run_dir / CHECKPOINTS
         self.keep = keep
         self.env = env
         self.model_name = model_name
+        self.kill_at = kill_at
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              loop_state: dict[str, Any]) -> Path:
@@ -94,8 +115,25 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        dcp.save({"train": _TrainState(model, optimizer, loop_state)}, checkpoint_id=tmp)
-        torch.save(_rng_state(), tmp / f"rng_rank{self.env.rank}.pt")
+        failure = ""
+        try:
+            dcp.save({"train": _TrainState(model, optimizer, loop_state)}, checkpoint_id=tmp)
+            torch.save(_rng_state(), tmp / f"rng_rank{self.env.rank}.pt")
+        except (OSError, RuntimeError, CheckpointException) as err:
+            failure = _write_failure(err, self.folder)
+        maybe_kill(self.kill_at, "save", self.env.rank, step, self.run_dir)
+        failures: list[str] = [""] * self.env.world_size
+        dist.all_gather_object(failures, failure)
+        if any(failures):
+            if self.env.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            previous = find_checkpoints(self.folder)
+            raise CheckpointWriteError(
+                f"checkpoint step {step} could not be written to {self.folder} "
+                f"({next(f for f in failures if f)}); "
+                + (f"{previous[0].name} is intact and a restart resumes from it"
+                   if previous else "no earlier checkpoint exists")
+                + "; free space there, lower --keep-checkpoints or pass another --output-dir")
         dist.barrier()
         if self.env.is_main:
             files = {p.name: [p.stat().st_size, crc32(p)] for p in sorted(tmp.iterdir())}

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -57,6 +58,23 @@ def select_backend(requested: str, device: torch.device) -> str:
     return requested
 
 
+def attempt_store(world_size: int) -> dist.Store:
+    """A client of the launcher's store (``MASTER_ADDR:MASTER_PORT``) whose keys are private to
+    this attempt of the run (``TORCHELASTIC_RESTART_COUNT``).
+
+    torchrun keeps one agent store across in-place restarts, and with gloo the restarted
+    workers otherwise read the dead workers' addresses and fail in connectFullMesh (torch 2.13;
+    new groups and point-to-point pairs are keyed under the default group's store).
+    Without torchrun's agent store (plain ``MASTER_ADDR`` launches) rank 0 hosts the store.
+    """
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=not agent and int(os.environ.get("RANK", "0")) == 0,
+                          timeout=timedelta(minutes=10), multi_tenant=not agent)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"attempt_{attempt}/", store)
+
+
 @contextmanager
 def init_distributed(cfg: TrainConfig) -> Iterator[DistEnv]:
     """Join (or form) the process group for the run and leave it on exit."""
@@ -68,7 +86,8 @@ def init_distributed(cfg: TrainConfig) -> Iterator[DistEnv]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
+        dist.init_process_group(backend, store=attempt_store(world_size), rank=rank,
+                                world_size=world_size,
                                 device_id=device if device.type == "cuda" else None)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)

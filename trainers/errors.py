@@ -3,3 +3,8 @@
 
 class ConfigError(ValueError):
     """A bad argument or input; the message is one line that says what to change."""
+
+
+class CheckpointWriteError(ConfigError):
+    """A checkpoint could not be written (e.g. the disk is full); the message is one line that
+    names the checkpoint that survives and what to change."""

@@ -25,7 +25,7 @@ from trainers.checkpoint import Checkpointer
 from trainers.config import TrainConfig
 from trainers.data import Batch, BatchStream, MarkovChainDataset, build_datasets, eval_batches
 from trainers.distributed import DistEnv
-from trainers.faults import kill_point, maybe_kill
+from trainers.faults import kill_point, maybe_kill, restart_count
 from trainers.metrics import (
     MetricsWriter,
     format_line,
@@ -179,7 +179,8 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
            if cfg.eval_every else [])
     optimizer = build_optimizer(strategy.model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
-    checkpointer = Checkpointer(run_dir, cfg.keep_checkpoints, env, cfg.model)
+    kill_at = kill_point()
+    checkpointer = Checkpointer(run_dir, cfg.keep_checkpoints, env, cfg.model, kill_at)
     loop_state: dict[str, Any] = {"step": 0, "data": stream.state_dict(),
                                   "scheduler": scheduler.state_dict()}
     torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout stream
@@ -200,7 +201,6 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
     tokens_per_step = cfg.batch_size * cfg.seq_len
     autocast = strategy.autocast(cfg.dtype, env.device)
     history: list[dict[str, float]] = []
-    kill_at = kill_point()
     wall_start = time.perf_counter()
     for step in range(start_step + 1, cfg.steps + 1):
         step_start = time.perf_counter()
@@ -230,7 +230,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
         writer.write(step, metrics)
         if step % cfg.log_every == 0 or step in (start_step + 1, cfg.steps):
             writer.print(format_line(step, cfg.steps, metrics))
-        maybe_kill(kill_at, env.rank, step, run_dir)
+        maybe_kill(kill_at, "step", env.rank, step, run_dir)
         if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
             loop_state.update(step=step, data=stream.state_dict(),
                               scheduler=scheduler.state_dict())
@@ -238,6 +238,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
     writer.close()
     summary = _summarize(cfg, env, history, start_step, time.perf_counter() - wall_start,
                          train_set, mfu_per_token_per_s)
+    summary.update(restarts=restart_count(), steps_lost=writer.steps_redone)
     if env.is_main and history:
         write_summary(run_dir, summary)
         writer.print("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else

@@ -67,20 +67,24 @@ class MetricsWriter:
     """Rank 0's sink for per-step metrics; a no-op on other ranks.
 
     A run resumed at ``start_step`` keeps the metrics.jsonl records up to that step and drops
-    those of steps it will train again, so the file holds each step once.
+    those of steps it will train again, so the file holds each step once; ``steps_redone``
+    counts the dropped steps (the work a restart lost).
     """
 
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool,
                  start_step: int = 0) -> None:
         self.enabled = enabled
+        self.steps_redone = 0
         self._jsonl = None
         self._tb = None
         if not enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / "metrics.jsonl"
-        kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
-                if _step_of_record(line) <= start_step]
+        records = path.read_text().splitlines() if path.exists() else []
+        kept = [line for line in records if _step_of_record(line) <= start_step]
+        self.steps_redone = max([_step_of_record(line) for line in records] + [start_step]) \
+            - start_step
         path.write_text("".join(line + "\n" for line in kept))
         self._jsonl = open(path, "a", buffering=1)  # noqa: SIM115 (closed by close())
         if tensorboard:
