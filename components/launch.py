@@ -74,7 +74,9 @@ LAUNCH_ARGS = """\
         memMB: memory per node in MB
         h: a registered named resource (takes precedence over cpu, gpu and memMB)
         env: extra environment variables, e.g. OMP_NUM_THREADS=1,NCCL_DEBUG=WARN
-        max_retries: scheduler retries; a retried job resumes from its newest checkpoint
+        max_retries: restarts after a failure: torchrun restarts lost workers in place (any
+            scheduler) and Slurm/Kubernetes retry the job after a lost node; either way the
+            run resumes from its newest checkpoint
         rdzv_port: port of the c10d rendezvous on the first node (multi-node jobs)
         mounts: mounts for the workers, e.g. type=bind,src=/data,dst=/data
         check_paths: check --data and --output-dir on the submitting machine; turn off when
@@ -114,6 +116,7 @@ def trainer_app(
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
     ``check(cfg, nproc_per_node)`` adds a component's own checks, raising ConfigError.
+    ``max_retries`` is both torchrun's in-place restarts and the scheduler's retries.
     The memory pre-flight (:func:`trainers.plan.check_fits`) runs against ``device_memory_gb``
     per rank, or on CPU-only jobs against the node's ``memMB`` shared by its processes; GPU
     jobs without ``device_memory_gb`` (or with a named resource ``h``) are not checked.
@@ -135,6 +138,19 @@ def trainer_app(
     except ConfigError as err:
         raise ComponentArgumentError(f"{module}: {err}") from None
     check_launch_specs(h, mounts)
-    return dist.ddp(*args, m=module, image=image, name=module.rsplit(".", 1)[-1], h=h,
-                    cpu=cpu, gpu=gpu, memMB=memMB, j=j, env=env, max_retries=max_retries,
-                    rdzv_port=rdzv_port, mounts=mounts)
+    app = dist.ddp(*args, m=module, image=image, name=module.rsplit(".", 1)[-1], h=h,
+                   cpu=cpu, gpu=gpu, memMB=memMB, j=j, env=env, max_retries=max_retries,
+                   rdzv_port=rdzv_port, mounts=mounts)
+    if max_retries:
+        restart_in_place(app, max_retries)
+    return app
+
+
+def restart_in_place(app: specs.AppDef, max_restarts: int) -> None:
+    """Let torchrun restart failed workers ``max_restarts`` times (``--max_restarts``, which
+    dist.ddp does not expose): its command is the ``bash -c`` script of every role."""
+    for role in app.roles:
+        script = role.args[-1]
+        if not script.startswith("torchrun "):
+            raise AssertionError(f"dist.ddp's command no longer starts with torchrun: {script}")
+        role.args[-1] = script.replace("torchrun ", f"torchrun --max_restarts {max_restarts} ", 1)
