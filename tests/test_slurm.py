@@ -28,6 +28,7 @@ from components.schedulers.slurm import (
     time_limit_seconds,
 )
 from tests.conftest import REPO, _env
+from tests.test_faults import assert_same_run
 
 TERMINAL = {AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED}
 
@@ -170,16 +171,22 @@ def test_failing_job_reports_failed_and_its_log_names_the_error(slurm_cluster, t
 
 @pytest.mark.slow
 def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path):
-    """Rank 1 is killed after step 6; Slurm requeues the job, which resumes at step 4."""
-    handle = submit(tmp_path, "ddp", "2x1", trainer_args("--checkpoint-every", "4", steps=10),
-                    "--max_retries", "1", "--env", "TRAINERS_KILL_AT=1:6")
-    assert wait(handle) == AppState.SUCCEEDED
+    """Node 2 is lost after step 6 (rank 1 and its torchrun agent killed, so torchrun cannot
+    restart it in place); Slurm requeues the job, which resumes at step 4."""
+    args = trainer_args("--checkpoint-every", "4", steps=10)
+    reference = submit(tmp_path, "ddp", "2x1", args)
+    handle = submit(tmp_path, "ddp", "2x1", args, "--max_retries", "1",
+                    "--env", "TRAINERS_KILL_AT=1:6:node")
+    assert wait(handle) == AppState.SUCCEEDED and wait(reference) == AppState.SUCCEEDED
     text = status(tmp_path, handle)
     assert "State: SUCCEEDED" in text and "Num Restarts: 1" in text
     result = summary(tmp_path, handle)
-    assert result["resumed_from_step"] == 4 and result["steps"] == 10
+    assert (result["resumed_from_step"], result["steps"]) == (4, 10)
+    assert (result["restarts"], result["steps_lost"]) == (1, 2)
     run_dir = job_dir(tmp_path, handle) / "outputs" / handle.rsplit("/", 1)[-1]
     assert (run_dir / "fault-injected-rank1-step6").exists()
+    reference_dir = job_dir(tmp_path, reference) / "outputs" / reference.rsplit("/", 1)[-1]
+    assert_same_run(run_dir, reference_dir, tmp_path)
 
 
 BAD_OPTIONS = [

@@ -1,0 +1,159 @@
+"""Faults injected into real runs: a worker killed mid-run, a crash in the middle of a
+checkpoint save, a truncated checkpoint and a full disk. The restarted run must end where an
+uninterrupted one does (fp32 CPU: losses and final weights within 1e-6 relative)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from tests.conftest import REPO, TINY, _env, losses, run_trainer
+from trainers.checkpoint_files import find_checkpoints, verify
+from trainers.errors import ConfigError
+from trainers.faults import KillPoint, kill_point
+
+STEPS = ["--steps", "10", "--checkpoint-every", "4", "--resume", "auto"]
+COMPONENTS = {
+    "ddp": [],
+    "fsdp": [],
+    "pipeline": ["--pp", "2", "--schedule", "1f1b"],
+}
+
+
+def without(args: list[str], *options: str) -> list[str]:
+    """``args`` less the given options and their values."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def run_component(component: str, run_dir: Path, extra: list[str], *options: str) -> str:
+    """``torchx run -s local_cwd`` of ``component`` on 1x2; returns its stderr."""
+    args = without(TINY, "--steps", "--resume")
+    cmd = [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd",
+           f"components/{component}.py:{component}", "-j", "1x2", *options, "--",
+           *args, *STEPS, *extra, "--output-dir", str(run_dir)]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Job finished: SUCCEEDED" in proc.stderr, proc.stderr[-4000:]
+    return proc.stderr
+
+
+def final_weights(run_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    """The model tensors of the run's newest checkpoint, gathered into plain tensors."""
+    out = tmp_path / f"{run_dir.name}.pt"
+    dcp_to_torch_save(find_checkpoints(run_dir / "checkpoints")[0], out)
+    state = torch.load(out, weights_only=False)["train"]["model"]
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
+
+
+def assert_same_run(faulted: Path, reference: Path, tmp_path: Path) -> None:
+    ref_losses, got_losses = losses(reference), losses(faulted)
+    assert got_losses.keys() == ref_losses.keys()
+    for step, loss in ref_losses.items():
+        assert abs(got_losses[step] - loss) <= 1e-6 * abs(loss), (step, got_losses[step], loss)
+    ref_w, got_w = final_weights(reference, tmp_path), final_weights(faulted, tmp_path)
+    assert ref_w.keys() == got_w.keys()
+    for name, tensor in ref_w.items():
+        diff = (got_w[name] - tensor).abs().max() / tensor.abs().max().clamp_min(1e-12)
+        assert diff <= 1e-6, (name, float(diff))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("component", list(COMPONENTS))
+def test_killed_worker_restarts_and_matches_uninterrupted_run(tmp_path, component):
+    """Rank 1 is killed after step 6; torchrun (--max_retries 1) restarts the workers, which
+    resume from the step-4 checkpoint and finish as if nothing happened."""
+    extra = COMPONENTS[component]
+    run_component(component, tmp_path / "reference", extra)
+    stderr = run_component(component, tmp_path / "faulted", extra, "--max_retries", "1",
+                           "--env", "TRAINERS_KILL_AT=1:6")
+    assert "killing rank 1 at step 6" in stderr
+    summary = json.loads((tmp_path / "faulted" / "summary.json").read_text())
+    assert (summary["restarts"], summary["steps_lost"], summary["resumed_from_step"]) == (1, 2, 4)
+    assert_same_run(tmp_path / "faulted", tmp_path / "reference", tmp_path)
+
+
+@pytest.mark.slow
+def test_crash_mid_save_leaves_the_previous_checkpoint_and_resumes_from_it(tmp_path):
+    """Rank 0 dies inside the step-8 save (shards written, not committed): the restart finds
+    step 8 unfinished, resumes from step 4 and ends equal to the uninterrupted run."""
+    run_component("ddp", tmp_path / "reference", [])
+    stderr = run_component("ddp", tmp_path / "faulted", [], "--max_retries", "1",
+                           "--env", "TRAINERS_KILL_AT=0:8:save")
+    assert "killing rank 0 at step 8 (save)" in stderr
+    summary = json.loads((tmp_path / "faulted" / "summary.json").read_text())
+    assert (summary["restarts"], summary["steps_lost"], summary["resumed_from_step"]) == (1, 4, 4)
+    assert not list((tmp_path / "faulted" / "checkpoints").glob("*.tmp"))
+    assert_same_run(tmp_path / "faulted", tmp_path / "reference", tmp_path)
+
+
+@pytest.mark.slow
+def test_truncated_newest_checkpoint_is_skipped_with_a_warning(tmp_path):
+    args = [*TINY, "--output-dir", str(tmp_path), "--checkpoint-every", "3", "--steps", "6"]
+    run_trainer(args)
+    reference = losses(tmp_path)
+    newest = tmp_path / "checkpoints" / "step_00000006"
+    shard = next(newest.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    assert "bytes, expected" in verify(newest)
+    args[args.index("none")] = "auto"
+    proc = run_trainer(args)
+    assert "step_00000006 is corrupt" in proc.stderr and "step_00000003 at step 3" in proc.stdout
+    assert losses(tmp_path) == reference
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs: room for one tiny-model checkpoint (3 MiB), not two."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.slow
+def test_disk_full_during_save_is_reported_and_the_previous_checkpoint_survives(small_disk):
+    run_dir = small_disk / "run"
+    args = [*TINY, "--output-dir", str(run_dir), "--checkpoint-every", "4",
+            "--keep-checkpoints", "1"]
+    proc = run_trainer(args, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"trainers.ddp: error: checkpoint step 8 could not be written to {run_dir}/checkpoints "
+        "(the file system is full: 0.0 MiB free); step_00000004 is intact and a restart "
+        "resumes from it; free space there, lower --keep-checkpoints or pass another "
+        "--output-dir")
+    assert "Traceback" not in proc.stderr
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_00000004"]
+    assert verify(run_dir / "checkpoints" / "step_00000004") is None
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("1:6", KillPoint(1, 6, "step")), ("0:8:save", KillPoint(0, 8, "save")),
+    ("3:2:node", KillPoint(3, 2, "node")), ("", None),
+])
+def test_kill_point_parses(value, expected):
+    assert kill_point(value) == expected
+
+
+@pytest.mark.parametrize("value", ["1", "1:0", "a:3", "1:3:disk", "-1:3"])
+def test_kill_point_rejects(value):
+    with pytest.raises(ConfigError, match=r"expected RANK:STEP\[:step\|save\|node\]"):
+        kill_point(value)
