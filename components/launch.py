@@ -7,6 +7,7 @@ before anything is scheduled.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
 from torchx import specs
@@ -64,6 +65,25 @@ def check_launch_specs(h: str | None, mounts: list[str] | None) -> None:
                 "type=volume,src=my-claim,dst=/data") from None
 
 
+def rendezvous_port(port: int, max_nodes: int) -> int:
+    """The c10d rendezvous port of a job that may span ``max_nodes`` nodes.
+
+    ``port`` 0 on a multi-node job picks a port that is free on the submitting machine now, so
+    that concurrent multi-node jobs sharing a host (``local_cwd``, whose "nodes" are all this
+    machine, or Slurm nodes shared between jobs) each host their own store instead of joining
+    the first job's store on a fixed port and failing when it exits. A single-node job gets
+    ``port`` unchanged (``dist.ddp`` then rendezvouses on a free port of its own host).
+    """
+    if not 0 <= port <= 65535:
+        raise ComponentArgumentError(
+            f"--rdzv_port {port}: not a TCP port; pass 1-65535, or 0 for a free port")
+    if port or max_nodes == 1:
+        return port
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
 # The Args lines of the options every component shares (TorchX reads a component's help from
 # its docstring at run time, so :func:`launch_options` appends them to each).
 LAUNCH_ARGS = """\
@@ -75,7 +95,8 @@ LAUNCH_ARGS = """\
         h: a registered named resource (takes precedence over cpu, gpu and memMB)
         env: extra environment variables, e.g. OMP_NUM_THREADS=1,NCCL_DEBUG=WARN
         max_retries: scheduler retries; a retried job resumes from its newest checkpoint
-        rdzv_port: port of the c10d rendezvous on the first node (multi-node jobs)
+        rdzv_port: port of the c10d rendezvous on the first node of a multi-node job (0: one
+            that is free on the submitting machine, so concurrent jobs do not collide)
         mounts: mounts for the workers, e.g. type=bind,src=/data,dst=/data
         check_paths: check --data and --output-dir on the submitting machine; turn off when
             they exist only where the job runs
@@ -137,4 +158,4 @@ def trainer_app(
     check_launch_specs(h, mounts)
     return dist.ddp(*args, m=module, image=image, name=module.rsplit(".", 1)[-1], h=h,
                     cpu=cpu, gpu=gpu, memMB=memMB, j=j, env=env, max_retries=max_retries,
-                    rdzv_port=rdzv_port, mounts=mounts)
+                    rdzv_port=rendezvous_port(rdzv_port, max_nodes), mounts=mounts)
