@@ -15,6 +15,7 @@ from torchx.components import dist
 from torchx.specs.api import macros
 from torchx.specs.finder import ComponentValidationException
 
+from trainers import faults
 from trainers.config import TrainConfig, parse_config
 from trainers.errors import ConfigError
 from trainers.plan import GIB, check_fits
@@ -63,6 +64,16 @@ def check_launch_specs(h: str | None, mounts: list[str] | None) -> None:
                 f"--mounts {','.join(mounts)}: {detail}; expected "
                 "type=bind|volume|device,src=SOURCE,dst=/PATH[,readonly], e.g. "
                 "type=volume,src=my-claim,dst=/data") from None
+
+
+def check_kill_point(env: dict[str, str] | None, world_size: int) -> None:
+    """Raise ConfigError for a ``TRAINERS_KILL_AT`` in ``env`` that does not parse or names a
+    rank the job never has (at most ``world_size`` ranks), so it would never fire."""
+    value = (env or {}).get(faults.ENV_VAR, "")
+    point = faults.kill_point(value)
+    if point is not None and point[0] >= world_size:
+        raise ConfigError(f"{faults.ENV_VAR}={value} names rank {point[0]}, but the job has "
+                          f"ranks 0-{world_size - 1}; pass a rank below {world_size}")
 
 
 def rendezvous_port(port: int, max_nodes: int) -> int:
@@ -134,7 +145,8 @@ def trainer_app(
 
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
-    ``check(cfg, nproc_per_node)`` adds a component's own checks, raising ConfigError.
+    ``check(cfg, nproc_per_node)`` adds a component's own checks, raising ConfigError; a
+    ``TRAINERS_KILL_AT`` in ``env`` is checked as the trainers will read it.
     The memory pre-flight (:func:`trainers.plan.check_fits`) runs against ``device_memory_gb``
     per rank, or on CPU-only jobs against the node's ``memMB`` shared by its processes; GPU
     jobs without ``device_memory_gb`` (or with a named resource ``h``) are not checked.
@@ -148,6 +160,7 @@ def trainer_app(
         cfg = parse_config(args, prog=module, world_sizes=world_sizes, check_paths=check_paths)
         if check is not None:
             check(cfg, nproc)
+        check_kill_point(env, world_sizes[-1])
         memory = (device_memory_gb * GIB if device_memory_gb > 0
                   else memMB * 2**20 / nproc if gpu == 0 and h is None else 0)
         if memory:
