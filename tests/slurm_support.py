@@ -30,12 +30,12 @@ def trainer_args(*extra: str, steps: int = 30, batch_size: int = 16) -> list[str
             "--eval-every", "0", "--tensorboard", "false", "--log-every", "10", *extra]
 
 
-def torchx(*args: str, cwd: Path, env: dict[str, str] | None = None,
-           check: bool = True) -> subprocess.CompletedProcess[str]:
+def torchx(*args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True,
+           timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``python -m torchx.cli.main <args>`` in ``cwd``; raises on a non-zero exit if ``check``."""
     proc = subprocess.run([sys.executable, "-m", "torchx.cli.main", *args], cwd=cwd,
                           env={**_env(), **(env or {})}, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"torchx {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return proc

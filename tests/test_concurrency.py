@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from torchx.specs import AppState
 
-from tests.conftest import REPO, _env
+from tests.conftest import REPO
 from tests.slurm_support import run_dir, status, submit, torchx, trainer_args, wait
 
 STEPS = 20
@@ -37,11 +35,8 @@ def component(name: str) -> str:
 def run_local(cwd: Path, name: str, j: str) -> tuple[str, str, str]:
     """``torchx run -s local_cwd`` of component ``name`` at ``-j j`` in ``cwd``, asserting it
     succeeded; its (component, app id, stderr)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd", component(name),
-         "-j", j, "--", *trainer_args(steps=STEPS)],
-        cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = torchx("run", "-s", "local_cwd", component(name), "-j", j, "--",
+                  *trainer_args(steps=STEPS), cwd=cwd, timeout=600)
     assert "Job finished: SUCCEEDED" in proc.stderr, proc.stderr[-4000:]
     handle = re.search(r"^local_cwd://torchx/(\S+)$", proc.stdout, re.M)
     assert handle, proc.stdout
