@@ -49,18 +49,19 @@ class Row:
 
     def args(self, tmp: Path) -> list[str]:
         """The CLI arguments (kubernetes rows are dry runs: no API server is needed)."""
-        fill = [a.replace("{tmp}", str(tmp)) for a in (self.cfg, *self.options, *self.trainer)]
-        cfg, options, trainer = fill[0], fill[1:1 + len(self.options)], fill[1 + len(self.options):]
+        def fill(values: tuple[str, ...]) -> list[str]:
+            return [v.replace("{tmp}", str(tmp)) for v in values]
+
+        (cfg,) = fill((self.cfg,))
         run = ["run", "--dryrun", "--workspace", ""] if self.scheduler == "kubernetes" else ["run"]
         if self.scheduler == "slurm":
             run += ["--workspace", f"file://{REPO}"]
+            given = dict(kv.split("=", 1) for kv in filter(None, cfg.split(",")))
             defaults = {"partition": "debug", "time": "15", "job_dir": str(tmp / "jobs")}
-            cfg = ",".join(f"{k}={v}" for k, v in {
-                **defaults, **dict(kv.split("=", 1) for kv in filter(None, cfg.split(",")))
-            }.items())
+            cfg = ",".join(f"{k}={v}" for k, v in {**defaults, **given}.items())
         return [*run, "-s", self.scheduler, *(["-cfg", cfg] if cfg else []),
                 f"{REPO / 'components' / self.component}.py:{self.component}", "-j", self.j,
-                *options, "--", *trainer]
+                *fill(self.options), "--", *fill(self.trainer)]
 
 
 def _slug(*parts: str) -> str:
