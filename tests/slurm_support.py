@@ -87,11 +87,13 @@ def status(cwd: Path, handle: str) -> str:
     return torchx("status", handle, cwd=cwd).stdout
 
 
-def queued_job_ids() -> set[str]:
-    """The ids of every job in ``squeue`` (pending or running, any user)."""
-    proc = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
+def queued_jobs_from(directory: Path) -> list[str]:
+    """``squeue``'s "ID WORKDIR" lines of the jobs submitted from, or run in, ``directory``
+    (jobs of other users and directories on a shared cluster are left out)."""
+    proc = subprocess.run(["squeue", "-h", "-o", "%i %Z"], capture_output=True, text=True,
                           check=True)
-    return set(proc.stdout.split())
+    return [line for line in proc.stdout.splitlines()
+            if line.split(" ", 1)[-1].startswith(str(directory))]
 
 
 @pytest.fixture(scope="session")

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
-from tests.slurm_support import torchx, trainer_args
+from tests.slurm_support import queued_jobs_from, torchx, trainer_args
 from tests.test_kubernetes_options import BAD_INPUT as KUBERNETES_BAD_INPUT
 from tests.test_slurm import BAD_OPTIONS as SLURM_BAD_CLUSTER_OPTIONS
 from tests.test_slurm import BAD_OPTIONS_ANYWHERE as SLURM_BAD_OPTIONS
@@ -158,14 +157,6 @@ def _small_model_run(tmp: Path) -> None:
     (step / "manifest.json").write_text(json.dumps({"model": "small", "files": {}}))
 
 
-def _slurm_jobs_from(tmp: Path) -> list[str]:
-    """Jobs in ``squeue`` that were submitted from, or run in, ``tmp``."""
-    proc = subprocess.run(["squeue", "-h", "-o", "%i %Z"], capture_output=True, text=True,
-                          check=True)
-    return [line for line in proc.stdout.splitlines()
-            if line.split(" ", 1)[-1].startswith(str(tmp))]
-
-
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
 def test_bad_input_is_refused_in_one_line_and_nothing_is_scheduled(request, tmp_path, row):
     if row.scheduler == "slurm":
@@ -187,4 +178,4 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_scheduled(request, tmp_
     if row.scheduler == "slurm":
         assert not (tmp_path / ".torchxslurmjobdirs").exists()
         assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
-        assert _slurm_jobs_from(tmp_path) == []
+        assert queued_jobs_from(tmp_path) == []
