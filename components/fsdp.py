@@ -18,7 +18,7 @@ def fsdp(
     h: Optional[str] = None,
     env: Optional[Dict[str, str]] = None,
     max_retries: int = 0,
-    rdzv_port: int = 29500,
+    rdzv_port: int = 0,
     mounts: Optional[List[str]] = None,
     check_paths: bool = True,
     device_memory_gb: float = 0.0,

@@ -7,6 +7,7 @@ before anything is scheduled.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
 from torchx import specs
@@ -14,6 +15,7 @@ from torchx.components import dist
 from torchx.specs.api import macros
 from torchx.specs.finder import ComponentValidationException
 
+from trainers import faults
 from trainers.config import TrainConfig, parse_config
 from trainers.errors import ConfigError
 from trainers.plan import GIB, check_fits
@@ -64,6 +66,35 @@ def check_launch_specs(h: str | None, mounts: list[str] | None) -> None:
                 "type=volume,src=my-claim,dst=/data") from None
 
 
+def check_kill_point(env: dict[str, str] | None, world_size: int) -> None:
+    """Raise ConfigError for a ``TRAINERS_KILL_AT`` in ``env`` that does not parse or names a
+    rank the job never has (at most ``world_size`` ranks), so it would never fire."""
+    value = (env or {}).get(faults.ENV_VAR, "")
+    point = faults.kill_point(value)
+    if point is not None and point.rank >= world_size:
+        raise ConfigError(f"{faults.ENV_VAR}={value} names rank {point.rank}, but the job has "
+                          f"ranks 0-{world_size - 1}; pass a rank below {world_size}")
+
+
+def rendezvous_port(port: int, max_nodes: int) -> int:
+    """The c10d rendezvous port of a job that may span ``max_nodes`` nodes.
+
+    ``port`` 0 on a multi-node job picks a port that is free on the submitting machine now, so
+    that concurrent multi-node jobs sharing a host (``local_cwd``, whose "nodes" are all this
+    machine, or Slurm nodes shared between jobs) each host their own store instead of joining
+    the first job's store on a fixed port and failing when it exits. A single-node job gets
+    ``port`` unchanged (``dist.ddp`` then rendezvouses on a free port of its own host).
+    """
+    if not 0 <= port <= 65535:
+        raise ComponentArgumentError(
+            f"--rdzv_port {port}: not a TCP port; pass 1-65535, or 0 for a free port")
+    if port or max_nodes == 1:
+        return port
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
 # The Args lines of the options every component shares (TorchX reads a component's help from
 # its docstring at run time, so :func:`launch_options` appends them to each).
 LAUNCH_ARGS = """\
@@ -77,7 +108,8 @@ LAUNCH_ARGS = """\
         max_retries: restarts after a failure: torchrun restarts lost workers in place (any
             scheduler) and Slurm/Kubernetes retry the job after a lost node; either way the
             run resumes from its newest checkpoint
-        rdzv_port: port of the c10d rendezvous on the first node (multi-node jobs)
+        rdzv_port: port of the c10d rendezvous on the first node of a multi-node job (0: one
+            that is free on the submitting machine, so concurrent jobs do not collide)
         mounts: mounts for the workers, e.g. type=bind,src=/data,dst=/data
         check_paths: check --data and --output-dir on the submitting machine; turn off when
             they exist only where the job runs
@@ -115,7 +147,8 @@ def trainer_app(
 
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
-    ``check(cfg, nproc_per_node)`` adds a component's own checks, raising ConfigError.
+    ``check(cfg, nproc_per_node)`` adds a component's own checks, raising ConfigError; a
+    ``TRAINERS_KILL_AT`` in ``env`` is checked as the trainers will read it.
     ``max_retries`` is both torchrun's in-place restarts and the scheduler's retries.
     The memory pre-flight (:func:`trainers.plan.check_fits`) runs against ``device_memory_gb``
     per rank, or on CPU-only jobs against the node's ``memMB`` shared by its processes; GPU
@@ -130,6 +163,7 @@ def trainer_app(
         cfg = parse_config(args, prog=module, world_sizes=world_sizes, check_paths=check_paths)
         if check is not None:
             check(cfg, nproc)
+        check_kill_point(env, world_sizes[-1])
         memory = (device_memory_gb * GIB if device_memory_gb > 0
                   else memMB * 2**20 / nproc if gpu == 0 and h is None else 0)
         if memory:
@@ -140,7 +174,7 @@ def trainer_app(
     check_launch_specs(h, mounts)
     app = dist.ddp(*args, m=module, image=image, name=module.rsplit(".", 1)[-1], h=h,
                    cpu=cpu, gpu=gpu, memMB=memMB, j=j, env=env, max_retries=max_retries,
-                   rdzv_port=rdzv_port, mounts=mounts)
+                   rdzv_port=rendezvous_port(rdzv_port, max_nodes), mounts=mounts)
     if max_retries:
         restart_in_place(app, max_retries)
     return app

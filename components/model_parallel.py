@@ -23,7 +23,7 @@ def model_parallel(
     h: Optional[str] = None,
     env: Optional[Dict[str, str]] = None,
     max_retries: int = 0,
-    rdzv_port: int = 29500,
+    rdzv_port: int = 0,
     mounts: Optional[List[str]] = None,
     check_paths: bool = True,
     device_memory_gb: float = 0.0,
@@ -48,7 +48,8 @@ def _check_placement(cfg: TrainConfig, nproc_per_node: int, gpus: int) -> None:
     if nproc_per_node != 1:
         raise ConfigError(f"model_parallel runs one process per node over --devices; pass "
                           f"-j <nodes>x1, not {nproc_per_node} processes per node")
-    for name in cfg.devices.split(","):
-        if name.startswith("cuda:") and int(name[5:]) >= gpus:
-            raise ConfigError(f"--devices {cfg.devices}: {name} does not exist with --gpu "
-                              f"{gpus}; pass --gpu {int(name[5:]) + 1} or more")
+    needed = max((int(name[5:]) + 1 for name in cfg.devices.split(",")
+                  if name.startswith("cuda:")), default=0)
+    if needed > gpus:
+        raise ConfigError(f"--devices {cfg.devices} needs --gpu {needed} or more, not --gpu "
+                          f"{gpus}; pass --gpu {needed}")

@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "tests.slurm_support"]
 
 # Small, fast settings for the tiny model; tests add or override flags.
 TINY = ["--model", "tiny", "--batch-size", "8", "--steps", "8", "--warmup-steps", "2",

@@ -207,7 +207,8 @@ def test_model_parallel_devices(tmp_path):
 def test_model_parallel_component_checks_devices_and_processes():
     from components.model_parallel import model_parallel
 
-    with pytest.raises(ComponentArgumentError, match="cuda:1 does not exist with --gpu 1"):
+    with pytest.raises(ComponentArgumentError,
+                       match="cuda:0,cuda:1 needs --gpu 2 or more, not --gpu 1; pass --gpu 2"):
         model_parallel("--devices", "cuda:0,cuda:1", gpu=1)
     with pytest.raises(ComponentArgumentError, match="pass -j <nodes>x1"):
         model_parallel("--devices", "cpu,cpu", j="1x2")

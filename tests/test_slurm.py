@@ -9,35 +9,27 @@ rendering tests run anywhere.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from torchx.specs import AppState
 
-from components.schedulers.slurm import (
-    create_scheduler,
-    slurm_state,
-    slurm_user,
-    time_limit_seconds,
+from components.schedulers.slurm import slurm_state, slurm_user, time_limit_seconds
+from tests.conftest import REPO
+from tests.slurm_support import (
+    TERMINAL,
+    job_dir,
+    run_dir,
+    status,
+    submit,
+    summary,
+    torchx,
+    trainer_args,
+    wait,
 )
-from tests.conftest import REPO, _env
 from tests.test_faults import assert_same_run
-
-TERMINAL = {AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED}
-
-
-def trainer_args(*extra: str, steps: int = 30, batch_size: int = 16) -> list[str]:
-    """Short tiny-model runs (torchx refuses a repeated option, so they are built here)."""
-    return ["--model", "tiny", "--steps", str(steps), "--batch-size", str(batch_size),
-            "--eval-every", "0", "--tensorboard", "false", "--log-every", "10", *extra]
-
 
 # (component, -j, trainer arguments): each on one node and across the two nodes. The model
 # parallel trainer drives all of a node's devices from one process, so on one node it is 1x1.
@@ -49,71 +41,6 @@ CASES = [
     ("model_parallel", "1x1", ["--devices", "cpu,cpu"]),
     ("model_parallel", "2x1", ["--devices", "cpu,cpu"]),
 ]
-
-
-def torchx(*args: str, cwd: Path, env: dict[str, str] | None = None,
-           check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "torchx.cli.main", *args], cwd=cwd,
-                          env={**_env(), **(env or {})}, capture_output=True, text=True,
-                          timeout=120)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"torchx {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def submit(cwd: Path, component: str, j: str, args: list[str], *options: str) -> str:
-    """``torchx run -s slurm`` with the repository as workspace and ``options`` for the
-    component (e.g. --max_retries 1); returns the app handle."""
-    proc = torchx("run", "-s", "slurm", "--workspace", f"file://{REPO}",
-                  "-cfg", f"partition=debug,time=15,job_dir={cwd / 'jobs'}",
-                  str(REPO / "components" / f"{component}.py") + f":{component}", "-j", j,
-                  *options, "--", *args, cwd=cwd)
-    handle = re.search(r"^slurm://\S+$", proc.stdout, re.M)
-    assert handle, proc.stdout + proc.stderr[-2000:]
-    return handle.group(0)
-
-
-def wait(handle: str, states: set[AppState] = TERMINAL, timeout: float = 600) -> AppState:
-    scheduler = create_scheduler("test")
-    app_id = handle.rsplit("/", 1)[-1]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        desc = scheduler.describe(app_id)
-        if desc is not None and desc.state in states:
-            return desc.state
-        time.sleep(1)
-    raise AssertionError(f"{handle} did not reach {states} in {timeout:.0f}s")
-
-
-def job_dir(cwd: Path, handle: str) -> Path:
-    """Where the job ran: torchx records it in .torchxslurmjobdirs in the submitting dir."""
-    app_id = handle.rsplit("/", 1)[-1]
-    dirs = dict(line.split(" = ") for line in (cwd / ".torchxslurmjobdirs").read_text()
-                .splitlines())
-    return Path(dirs[app_id])
-
-
-def summary(cwd: Path, handle: str) -> dict[str, float]:
-    app_id = handle.rsplit("/", 1)[-1]
-    return json.loads((job_dir(cwd, handle) / "outputs" / app_id / "summary.json").read_text())
-
-
-def status(cwd: Path, handle: str) -> str:
-    return torchx("status", handle, cwd=cwd).stdout
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster() -> None:
-    """The local cluster of .ci/slurm-up, answering and with both nodes up."""
-    if shutil.which("sinfo") is None:
-        pytest.skip("no Slurm here: start a local cluster with `sudo .ci/slurm-up`")
-    nodes = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T"],
-                           capture_output=True, text=True)
-    up = [line for line in nodes.stdout.splitlines()
-          if line.split()[-1].rstrip("*") in {"idle", "mixed", "allocated"}]
-    if nodes.returncode != 0 or len(up) < 2:
-        pytest.skip(f"the Slurm cluster is not up ({nodes.stderr.strip() or nodes.stdout!r}): "
-                    "run `sudo .ci/slurm-up`")
 
 
 @pytest.fixture(scope="module")
@@ -183,10 +110,8 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path):
     result = summary(tmp_path, handle)
     assert (result["resumed_from_step"], result["steps"]) == (4, 10)
     assert (result["restarts"], result["steps_lost"]) == (1, 2)
-    run_dir = job_dir(tmp_path, handle) / "outputs" / handle.rsplit("/", 1)[-1]
-    assert (run_dir / "fault-injected-rank1-step6").exists()
-    reference_dir = job_dir(tmp_path, reference) / "outputs" / reference.rsplit("/", 1)[-1]
-    assert_same_run(run_dir, reference_dir, tmp_path)
+    assert (run_dir(tmp_path, handle) / "fault-injected-rank1-step6").exists()
+    assert_same_run(run_dir(tmp_path, handle), run_dir(tmp_path, reference), tmp_path)
 
 
 BAD_OPTIONS = [

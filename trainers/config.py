@@ -149,6 +149,8 @@ class OneLineParser(argparse.ArgumentParser):
     reports them in a single ``prog: error: ...`` line."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("unrecognized arguments"):
+            message += f"; pass only options that `python -m {self.prog} --help` lists"
         raise ConfigError(message)
 
 

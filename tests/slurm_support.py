@@ -1,0 +1,110 @@
+"""Helpers for the tests that submit to the real Slurm cluster of ``.ci/slurm-up`` (partition
+``debug``, nodes tt-node1 and tt-node2): the CLI, submission, waiting, where a job ran.
+
+``slurm_cluster`` is registered as a fixture for every test module (tests/conftest.py lists
+this module in ``pytest_plugins``); it skips a test when no cluster answers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from torchx.specs import AppState
+
+from components.schedulers.slurm import create_scheduler
+from tests.conftest import REPO, _env
+
+TERMINAL = {AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED}
+
+
+def trainer_args(*extra: str, steps: int = 30, batch_size: int = 16) -> list[str]:
+    """Short tiny-model runs (torchx refuses a repeated option, so they are built here)."""
+    return ["--model", "tiny", "--steps", str(steps), "--batch-size", str(batch_size),
+            "--eval-every", "0", "--tensorboard", "false", "--log-every", "10", *extra]
+
+
+def torchx(*args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True,
+           timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m torchx.cli.main <args>`` in ``cwd``; raises on a non-zero exit if ``check``."""
+    proc = subprocess.run([sys.executable, "-m", "torchx.cli.main", *args], cwd=cwd,
+                          env={**_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"torchx {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def submit(cwd: Path, component: str, j: str, args: list[str], *options: str) -> str:
+    """``torchx run -s slurm`` with the repository as workspace and ``options`` for the
+    component (e.g. --max_retries 1); returns the app handle."""
+    proc = torchx("run", "-s", "slurm", "--workspace", f"file://{REPO}",
+                  "-cfg", f"partition=debug,time=15,job_dir={cwd / 'jobs'}",
+                  str(REPO / "components" / f"{component}.py") + f":{component}", "-j", j,
+                  *options, "--", *args, cwd=cwd)
+    handle = re.search(r"^slurm://\S+$", proc.stdout, re.M)
+    assert handle, proc.stdout + proc.stderr[-2000:]
+    return handle.group(0)
+
+
+def wait(handle: str, states: set[AppState] = TERMINAL, timeout: float = 600) -> AppState:
+    """Poll the job until it reaches one of ``states``; its state then."""
+    scheduler = create_scheduler("test")
+    app_id = handle.rsplit("/", 1)[-1]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        desc = scheduler.describe(app_id)
+        if desc is not None and desc.state in states:
+            return desc.state
+        time.sleep(1)
+    raise AssertionError(f"{handle} did not reach {states} in {timeout:.0f}s")
+
+
+def job_dir(cwd: Path, handle: str) -> Path:
+    """Where the job ran: torchx records it in .torchxslurmjobdirs in the submitting dir."""
+    app_id = handle.rsplit("/", 1)[-1]
+    dirs = dict(line.split(" = ") for line in (cwd / ".torchxslurmjobdirs").read_text()
+                .splitlines())
+    return Path(dirs[app_id])
+
+
+def run_dir(cwd: Path, handle: str) -> Path:
+    """The job's default run directory, ``<job dir>/outputs/<app id>``."""
+    return job_dir(cwd, handle) / "outputs" / handle.rsplit("/", 1)[-1]
+
+
+def summary(cwd: Path, handle: str) -> dict[str, float]:
+    return json.loads((run_dir(cwd, handle) / "summary.json").read_text())
+
+
+def status(cwd: Path, handle: str) -> str:
+    return torchx("status", handle, cwd=cwd).stdout
+
+
+def queued_jobs_from(directory: Path) -> list[str]:
+    """``squeue``'s "ID WORKDIR" lines of the jobs submitted from, or run in, ``directory``
+    (jobs of other users and directories on a shared cluster are left out)."""
+    proc = subprocess.run(["squeue", "-h", "-o", "%i %Z"], capture_output=True, text=True,
+                          check=True)
+    return [line for line in proc.stdout.splitlines()
+            if line.split(" ", 1)[-1].startswith(str(directory))]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> None:
+    """The local cluster of .ci/slurm-up, answering and with both nodes up."""
+    if shutil.which("sinfo") is None:
+        pytest.skip("no Slurm here: start a local cluster with `sudo .ci/slurm-up`")
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T"],
+                           capture_output=True, text=True)
+    up = [line for line in nodes.stdout.splitlines()
+          if line.split()[-1].rstrip("*") in {"idle", "mixed", "allocated"}]
+    if nodes.returncode != 0 or len(up) < 2:
+        pytest.skip(f"the Slurm cluster is not up ({nodes.stderr.strip() or nodes.stdout!r}): "
+                    "run `sudo .ci/slurm-up`")

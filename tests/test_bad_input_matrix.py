@@ -1,0 +1,181 @@
+"""Every kind of wrong ``torchx run`` invocation, across the components and the local_cwd,
+Slurm and Kubernetes schedulers, through the real CLI: each is refused with exit 1 and one
+error line that names the fix, without a traceback, and nothing is scheduled.
+
+The rows are this module's (trainer arguments, launch options, fault injection) plus the Slurm
+and Kubernetes option tables of tests/test_slurm.py and tests/test_kubernetes_options.py,
+which those modules also check on their own terms.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.slurm_support import queued_jobs_from, torchx, trainer_args
+from tests.test_kubernetes_options import BAD_INPUT as KUBERNETES_BAD_INPUT
+from tests.test_slurm import BAD_OPTIONS as SLURM_BAD_CLUSTER_OPTIONS
+from tests.test_slurm import BAD_OPTIONS_ANYWHERE as SLURM_BAD_OPTIONS
+
+# The words by which an error line names its fix.
+FIX = re.compile(r"\b(pass|use|try|lower|pick|drop|list|tokenize|instead|did you mean|such as)\b"
+                 r"|e\.g\.", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One wrong invocation: ``torchx run -s scheduler [-cfg cfg] components/C.py:C -j j
+    *options -- *trainer`` whose error line starts with (``exact``: is) ``error``.
+
+    ``{tmp}`` in ``cfg``, ``options``, ``trainer`` and ``error`` stands for the row's own
+    temporary directory, which is also the directory the CLI runs in (no .torchxconfig, HOME).
+    """
+
+    id: str
+    scheduler: str
+    component: str
+    error: str
+    j: str = "1x2"
+    options: tuple[str, ...] = ()
+    trainer: tuple[str, ...] = ("--model", "tiny", "--steps", "20")
+    cfg: str = ""
+    exact: bool = True
+
+    def args(self, tmp: Path) -> list[str]:
+        """The CLI arguments (kubernetes rows are dry runs: no API server is needed)."""
+        def fill(values: tuple[str, ...]) -> list[str]:
+            return [v.replace("{tmp}", str(tmp)) for v in values]
+
+        (cfg,) = fill((self.cfg,))
+        run = ["run", "--dryrun", "--workspace", ""] if self.scheduler == "kubernetes" else ["run"]
+        if self.scheduler == "slurm":
+            run += ["--workspace", f"file://{REPO}"]
+            given = dict(kv.split("=", 1) for kv in filter(None, cfg.split(",")))
+            defaults = {"partition": "debug", "time": "15", "job_dir": str(tmp / "jobs")}
+            cfg = ",".join(f"{k}={v}" for k, v in {**defaults, **given}.items())
+        return [*run, "-s", self.scheduler, *(["-cfg", cfg] if cfg else []),
+                f"{REPO / 'components' / self.component}.py:{self.component}", "-j", self.j,
+                *fill(self.options), "--", *fill(self.trainer)]
+
+
+def _slug(*parts: str) -> str:
+    """A test id from ``parts``: runs of other characters than letters and digits become -."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", " ".join(parts)).strip("-")
+
+
+ROWS = [
+    # trainer arguments, each checked by the trainer's own parser in the component
+    Row("batch-not-divisible", "local_cwd", "ddp",
+        "trainers.ddp: --batch-size 15 is not divisible by --grad-accum 1 x data-parallel size "
+        "2; pass a multiple of 2", trainer=("--model", "tiny", "--batch-size", "15")),
+    Row("tp-not-dividing-heads", "local_cwd", "tensor_parallel",
+        "trainers.tensor_parallel: --tp 3 does not divide the tiny model's heads (4); pass a "
+        "--tp that divides 4", j="1x3", trainer=("--model", "tiny", "--tp", "3")),
+    Row("tp-not-dividing-world", "kubernetes", "tensor_parallel",
+        "trainers.tensor_parallel: --tp 4 does not divide the world size 6; pass a --tp that "
+        "divides the number of ranks", j="2x3", cfg="queue=q", trainer=("--tp", "4")),
+    Row("pipeline-stages-vs-layers", "local_cwd", "pipeline",
+        "trainers.pipeline: --pp 4 x --virtual-stages 2 = 8 stages do not divide the tiny "
+        "model's 4 blocks; pick degrees whose product divides them", j="1x4",
+        trainer=("--pp", "4", "--virtual-stages", "2", "--schedule", "interleaved1f1b")),
+    Row("pipeline-microbatches", "slurm", "pipeline",
+        "trainers.pipeline: each pipeline's batch of 6 sequences does not split into "
+        "--microbatches 4; pass a divisor of it", j="2x1",
+        trainer=("--pp", "2", "--batch-size", "6")),
+    Row("option-of-another-trainer", "local_cwd", "ddp",
+        "trainers.ddp: --cpu-offload is not served by trainers.ddp; use trainers.fsdp or drop "
+        "--cpu-offload", trainer=("--cpu-offload",)),
+    Row("option-of-another-trainer-slurm", "slurm", "fsdp",
+        "trainers.fsdp: --tp is not served by trainers.fsdp; use trainers.tensor_parallel or "
+        "drop --tp", j="2x1", trainer=("--tp", "2")),
+    Row("unknown-trainer-option", "local_cwd", "fsdp",
+        "trainers.fsdp: unrecognized arguments: --learning-rate 0.1; pass only options that "
+        "`python -m trainers.fsdp --help` lists", trainer=("--learning-rate", "0.1")),
+    Row("model-parallel-bad-device", "local_cwd", "model_parallel",
+        "trainers.model_parallel: --devices gpu0,gpu1: 'gpu0' is not a device; list cpu or "
+        "cuda:N entries, e.g. cuda:0,cuda:1", j="1x1", trainer=("--devices", "gpu0,gpu1")),
+    Row("model-parallel-missing-gpus", "kubernetes", "model_parallel",
+        "trainers.model_parallel: --devices cuda:0,cuda:1 needs --gpu 2 or more, not --gpu 0; "
+        "pass --gpu 2", j="1x1", cfg="queue=q", trainer=("--devices", "cuda:0,cuda:1")),
+    Row("model-parallel-processes", "local_cwd", "model_parallel",
+        "trainers.model_parallel: model_parallel runs one process per node over --devices; pass "
+        "-j <nodes>x1, not 2 processes per node", trainer=("--devices", "cpu,cpu")),
+    Row("resume-another-model", "local_cwd", "ddp",
+        "trainers.ddp: {tmp}/small-run holds a --model small checkpoint, not tiny; pass --model "
+        "small, another --output-dir or --resume none",
+        trainer=("--model", "tiny", "--resume", "{tmp}/small-run")),
+    Row("missing-data-file", "local_cwd", "fsdp", "trainers.fsdp: --data {tmp}/corpus.bin:",
+        trainer=("--data", "{tmp}/corpus.bin"), exact=False),
+    Row("model-does-not-fit", "local_cwd", "ddp",
+        "trainers.ddp: --model 1b needs", trainer=("--model", "1b"), exact=False),
+    Row("model-does-not-fit-gpu", "slurm", "fsdp", "trainers.fsdp: --model 7b needs", j="2x1",
+        options=("--gpu", "1", "--device_memory_gb", "16"), trainer=("--model", "7b"),
+        exact=False),
+    # launch options
+    Row("bad-j", "local_cwd", "ddp",
+        "-j 2xtwo: expected [min_nodes:]NODESxPROCS_PER_NODE, e.g. 1x2 or 1:2x4", j="2xtwo"),
+    Row("bad-j-range", "slurm", "ddp",
+        "-j 3:2x1: need 1 <= min_nodes <= nodes; pass e.g. -j 2x2 or -j 1:2x2", j="3:2x1"),
+    Row("bad-rdzv-port", "local_cwd", "ddp",
+        "--rdzv_port 70000: not a TCP port; pass 1-65535, or 0 for a free port", j="2x1",
+        options=("--rdzv_port", "70000")),
+    Row("bad-kill-at", "local_cwd", "ddp",
+        "trainers.ddp: TRAINERS_KILL_AT=1-6: expected RANK:STEP with STEP >= 1, e.g. 1:6",
+        options=("--env", "TRAINERS_KILL_AT=1-6")),
+    Row("kill-at-missing-rank", "slurm", "ddp",
+        "trainers.ddp: TRAINERS_KILL_AT=4:6 names rank 4, but the job has ranks 0-1; pass a "
+        "rank below 2", j="2x1", options=("--env", "TRAINERS_KILL_AT=4:6")),
+    # Slurm options (tests/test_slurm.py)
+    *[Row(_slug("slurm", cfg or f"-j {j}"), "slurm", component, message, j=j, cfg=cfg,
+          trainer=tuple(trainer_args(batch_size=48)))
+      for cfg, component, j, message in SLURM_BAD_OPTIONS + SLURM_BAD_CLUSTER_OPTIONS],
+    # Kubernetes options (tests/test_kubernetes_options.py)
+    *[Row(_slug("kubernetes", cfg.removeprefix("queue=q") if cfg else "no queue", *options),
+          "kubernetes", "ddp", start, j="2x2", options=tuple(options), cfg=cfg, exact=False)
+      for cfg, options, start in KUBERNETES_BAD_INPUT],
+    Row("kubernetes-queue-name", "kubernetes", "fsdp",
+        "kubernetes: queue='Research_Q' is invalid: must be a DNS-1123 subdomain", j="1x2",
+        cfg="queue=Research_Q", exact=False),
+    Row("kubernetes-shm-quantity", "kubernetes", "pipeline",
+        "kubernetes: shm_size='lots' is invalid: expected a positive quantity such as 512Mi, "
+        "2Gi or 1G", cfg="queue=q,shm_size=lots", trainer=("--pp", "2")),
+    Row("kubernetes-node-shapes", "kubernetes", "ddp",
+        "kubernetes: node_shapes='8cpu' is invalid: expected CPUS/MEMORY[/GPUS] items, e.g. "
+        "node_shapes=8/32Gi;96/1100Gi/8", cfg="queue=q,node_shapes=8cpu"),
+]
+
+
+def _small_model_run(tmp: Path) -> None:
+    """A run directory whose newest checkpoint's manifest says ``--model small``."""
+    step = tmp / "small-run" / "checkpoints" / "step_00000004"
+    step.mkdir(parents=True)
+    (step / "manifest.json").write_text(json.dumps({"model": "small", "files": {}}))
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
+def test_bad_input_is_refused_in_one_line_and_nothing_is_scheduled(request, tmp_path, row):
+    if row.scheduler == "slurm":
+        request.getfixturevalue("slurm_cluster")
+    _small_model_run(tmp_path)
+    proc = torchx(*row.args(tmp_path), cwd=tmp_path, env={"HOME": str(tmp_path)}, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    lines = proc.stderr.splitlines()
+    failed = [i for i, line in enumerate(lines) if line.startswith("Failed to run component")]
+    assert failed and failed[-1] == len(lines) - 2, proc.stderr[-3000:]  # then one line
+    error, expected = lines[-1], " " + row.error.replace("{tmp}", str(tmp_path))
+    assert error == expected if row.exact else error.startswith(expected), (error, expected)
+    assert FIX.search(error), error
+    # nothing scheduled: no handle or request printed, no run directory, no Slurm job
+    assert "://" not in proc.stdout and "=== SCHEDULER REQUEST ===" not in proc.stdout
+    assert not (tmp_path / "outputs").exists()
+    if row.scheduler == "slurm":
+        assert not (tmp_path / ".torchxslurmjobdirs").exists()
+        assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+        assert queued_jobs_from(tmp_path) == []
