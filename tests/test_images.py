@@ -261,10 +261,22 @@ def test_component_on_local_docker(docker_api, tmp_path, component):
     proc = _torchx("run", "-s", "local_docker", "--workspace", "",
                    f"components/{component}.py:{component}", "-j", "2x1", "--image", IMAGE,
                    "--mounts", f"type=bind,src={tmp_path},dst={OUTPUTS}", "--", *TRAIN)
+    handle = (proc.stdout.strip().splitlines() or [""])[-1]  # local_docker://torchx/<app id>
+    app_id = handle.rsplit("/", 1)[-1]
+    if app_id:
+        _remove_containers(app_id)  # local_docker leaves them, as `docker run` without --rm does
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "Job finished: SUCCEEDED" in proc.stderr
-    app_id = proc.stdout.strip().splitlines()[-1].rsplit("/", 1)[-1]  # local_docker://torchx/ID
+    assert "Job finished: SUCCEEDED" in proc.stderr, proc.stderr[-4000:]
     _trained(tmp_path / app_id / "summary.json", world_size=2)
+
+
+def _remove_containers(app_id: str) -> None:
+    import docker
+
+    client = docker.from_env()
+    for container in client.containers.list(
+            all=True, filters={"label": f"torchx.pytorch.org/app-id={app_id}"}):
+        container.remove(force=True)
 
 
 @pytest.mark.slow
