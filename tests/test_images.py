@@ -215,12 +215,13 @@ def test_image_user_and_layout(engine):
     proc = subprocess.run(
         [engine, "run", "--rm", IMAGE, "bash", "-c",
          "id -u; id -g; pwd; echo $HOME; test -w outputs && echo writable; "
+         "test -e /run/secrets/ca_bundle || test -n \"$PIP_CERT\" || echo no-secrets; "
          "cd / && python -c 'import trainers.ddp, components.ddp, torch; "
          "print(torch.__version__)'"],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1000", "1000", "/opt/torchx-templates", "/home/trainer",
-                                   "writable", "2.13.0+cpu"]
+                                   "writable", "no-secrets", "2.13.0+cpu"]
     user = subprocess.run([engine, "image", "inspect", "--format", "{{.Config.User}}", IMAGE],
                           capture_output=True, text=True, check=True).stdout.strip()
     assert user == "1000:1000"  # numeric: Kubernetes can verify runAsNonRoot
@@ -268,6 +269,38 @@ def test_component_on_local_docker(docker_api, tmp_path, component):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Job finished: SUCCEEDED" in proc.stderr, proc.stderr[-4000:]
     _trained(tmp_path / app_id / "summary.json", world_size=2)
+
+
+@pytest.mark.parametrize("status, state", [("configured", "SUBMITTED"),
+                                           ("initialized", "SUBMITTED"),
+                                           ("stopping", "RUNNING"), ("running", "RUNNING")])
+def test_local_docker_reads_podman_container_states(status, state):
+    from docker.models.containers import Container
+
+    from components.schedulers.docker import create_scheduler
+
+    container = Container(attrs={"Id": "0" * 64, "State": {"Status": status}})
+    assert create_scheduler("test")._get_app_state(container).name == state
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, state", [("true", "SUCCEEDED"), ("false", "FAILED")])
+def test_local_docker_reads_stopped_as_exited(docker_api, command, state):
+    # podman reports "stopped" for a container that has exited but is not cleaned up yet; the
+    # exit code then decides, as for Docker's "exited".
+    import docker
+    from docker.models.containers import Container
+
+    from components.schedulers.docker import create_scheduler
+
+    client = docker.from_env()
+    real = client.containers.run(IMAGE, [command], detach=True)
+    try:
+        real.wait(timeout=60)
+        stopped = Container(attrs={"Id": real.id, "State": {"Status": "stopped"}}, client=client)
+        assert create_scheduler("test")._get_app_state(stopped).name == state
+    finally:
+        real.remove(force=True)
 
 
 def _remove_containers(app_id: str) -> None:

@@ -8,25 +8,36 @@ no Docker API to talk to, or an image neither present locally nor pullable. Imag
 locally are run by their ID, so nothing is pulled for them (a locally built
 ``torchx-templates:cpu`` would otherwise be looked up on Docker Hub first). It works against
 Docker and against podman's Docker-compatible API (``podman system service``; point
-``DOCKER_HOST`` at its socket).
+``DOCKER_HOST`` at its socket), whose extra container states (e.g. ``stopped``) it reads as
+Docker's.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchx.schedulers import docker_scheduler
 from torchx.schedulers.api import AppDryRunInfo
-from torchx.specs import AppDef, Role
+from torchx.specs import AppDef, AppState, Role
 
 from components.containers import reference_error
 from components.launch import ComponentArgumentError
 
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+
+
+# Container states podman's Docker API reports that Docker's does not (TorchX 0.7.0 knows only
+# Docker's and fails with a KeyError on these), as the Docker state they correspond to.
+PODMAN_STATES = {"configured": "created", "initialized": "created", "stopping": "running",
+                 "stopped": "exited"}
+
 
 class DockerScheduler(docker_scheduler.DockerScheduler):
-    """TorchX's ``local_docker`` with the image checks described in the module docstring."""
+    """TorchX's ``local_docker`` with the image checks described in the module docstring, and
+    podman's extra container states understood."""
 
     def _image_id(self, image: str) -> str:
         """The local ID of ``image``, pulling it if it is not local; one-line errors."""
@@ -74,6 +85,18 @@ class DockerScheduler(docker_scheduler.DockerScheduler):
         job = dryrun_info.request
         job.containers = [replace(c, image=self._image_id(c.image)) for c in job.containers]
         return super().schedule(dryrun_info)
+
+
+    def _get_app_state(self, container: Container) -> AppState:
+        """The state of ``container``, reading podman's own states as Docker's."""
+        state = container.attrs.get("State")
+        status = state.get("Status") if isinstance(state, dict) else state
+        if status in PODMAN_STATES:
+            if isinstance(state, dict):
+                state["Status"] = PODMAN_STATES[status]
+            else:
+                container.attrs["State"] = PODMAN_STATES[status]
+        return super()._get_app_state(container)
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> DockerScheduler:
