@@ -136,6 +136,13 @@ def test_build_refuses_a_missing_ca_bundle(tmp_path):
         f"images/build: --ca-bundle {tmp_path / 'none.pem'}: no such file"]
 
 
+def test_build_refuses_wheels_without_torch(tmp_path):
+    proc = _build("cpu", "--wheels", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"images/build: --wheels {tmp_path}: no torch-*.whl in it"]
+
+
 def test_build_without_docker_or_podman(tmp_path):
     # A PATH that holds only this Python: neither engine can be found.
     (tmp_path / "python3").symlink_to(sys.executable)
