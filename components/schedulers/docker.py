@@ -57,10 +57,12 @@ class DockerScheduler(docker_scheduler.DockerScheduler):
             try:
                 return client.images.pull(image).id
             except DockerException as err:
-                first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+                # the engine's own reason (APIError.explanation), else the first line
+                reason = getattr(err, "explanation", None) or str(err).split("\n")[0]
                 raise ComponentArgumentError(
                     f"local_docker: image {image} is not built here and cannot be pulled "
-                    f"({first_line}); build it with `images/build cpu` or pass --image") from None
+                    f"({reason or type(err).__name__}); build it with `images/build cpu` or "
+                    "pass --image") from None
         except DockerException as err:
             host = os.environ.get("DOCKER_HOST", "the default socket")
             raise ComponentArgumentError(
@@ -85,7 +87,6 @@ class DockerScheduler(docker_scheduler.DockerScheduler):
         job = dryrun_info.request
         job.containers = [replace(c, image=self._image_id(c.image)) for c in job.containers]
         return super().schedule(dryrun_info)
-
 
     def _get_app_state(self, container: Container) -> AppState:
         """The state of ``container``, reading podman's own states as Docker's."""
