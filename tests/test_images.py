@@ -195,19 +195,27 @@ def test_rendered_kubernetes_job_becomes_pods_with_volcano_names_and_env(tmp_pat
     assert [m.kind for m in rendered[0].mounts] == ["shm"]
 
 
+def _harden(job: dict) -> dict:
+    """``job`` with what a hardened Kubernetes render adds to every pod: non-root uid 1000, a
+    read-only root filesystem, /tmp an emptyDir, outputs/ on a shared claim."""
+    for task in job["spec"]["tasks"]:
+        spec = task["template"]["spec"]
+        spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                   "fsGroup": 1000}
+        container = spec["containers"][0]
+        container["securityContext"] = {"readOnlyRootFilesystem": True,
+                                         "allowPrivilegeEscalation": False}
+        container["volumeMounts"] += [{"name": "tmp", "mountPath": "/tmp"},
+                                      {"name": "outputs", "mountPath": OUTPUTS}]
+        spec["volumes"] += [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+                            {"name": "outputs", "persistentVolumeClaim": {"claimName": "runs"}}]
+    return job
+
+
 def test_hardened_pod_runs_read_only_with_its_volumes(tmp_path):
     # What a hardened render adds (security context, /tmp emptyDir, an outputs claim) maps
     # onto container options; a bind for a path the pod already mounts is dropped.
-    job = _render_kubernetes(*TRAIN)
-    spec = job["spec"]["tasks"][0]["template"]["spec"]
-    spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000}
-    container = spec["containers"][0]
-    container["securityContext"] = {"readOnlyRootFilesystem": True}
-    container["volumeMounts"] += [{"name": "tmp", "mountPath": "/tmp"},
-                                  {"name": "outputs", "mountPath": OUTPUTS}]
-    spec["volumes"] += [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-                        {"name": "outputs", "persistentVolumeClaim": {"claimName": "runs"}}]
-    pod = pods(job)[0]
+    pod = pods(_harden(_render_kubernetes(*TRAIN)))[0]
     args = run_args("podman", pod, "net", tmp_path, binds={OUTPUTS: tmp_path / "out"})
     assert "--read-only" in args and args[args.index("--user") + 1] == "1000:1000"
     assert f"/tmp:rw,exec,mode=1777,size={2**30}" in args
@@ -320,8 +328,11 @@ def _remove_containers(app_id: str) -> None:
 
 
 @pytest.mark.slow
-def test_rendered_kubernetes_job_trains_as_containers(engine, tmp_path):
+@pytest.mark.parametrize("hardened", [False, True], ids=["as-rendered", "hardened"])
+def test_rendered_kubernetes_job_trains_as_containers(engine, tmp_path, hardened):
     job = _render_kubernetes(*TRAIN)
+    if hardened:  # as the Kubernetes scheduler extension renders pods: the image must cope
+        job = _harden(job)
     name = job["metadata"]["name"]
     results = run_pods(engine, pods(job), f"volcano-{uuid.uuid4().hex[:8]}", tmp_path / "claims",
                        binds={OUTPUTS: tmp_path / "outputs"})

@@ -14,7 +14,10 @@ volumes) is run as rendered: ``readOnlyRootFilesystem`` becomes ``--read-only``,
 and ``runAsGroup`` become ``--user``, ``runAsNonRoot`` is checked against the image's user as
 the kubelet would, emptyDir volumes become tmpfs mounts (``/dev/shm`` becomes ``--shm-size``)
 and each persistentVolumeClaim becomes one host directory shared by every pod (a
-ReadWriteMany volume). Anything else it cannot reproduce raises UnsupportedPod.
+ReadWriteMany volume, made writable for any uid in place of ``fsGroup``). Resource requests and
+limits and the svc plugin's /etc/volcano host files are not reproduced; any other volume kind,
+``subPath``, env ``valueFrom`` other than the pod's name and namespace, or more than one
+container raises UnsupportedPod.
 """
 
 from __future__ import annotations
