@@ -1,0 +1,105 @@
+"""``local_docker``: TorchX's Docker scheduler, checking its images before anything runs.
+
+The built-in scheduler pulls every image on submit and, when the pull fails, starts containers
+from whatever is local, so a job asked for with no image built dies in a docker-py traceback.
+This one refuses it up front with one line (:class:`components.launch.ComponentArgumentError`,
+printed by ``torchx run`` without a traceback, exit 1): an image reference that is not valid,
+no Docker API to talk to, or an image neither present locally nor pullable. Images found
+locally are run by their ID, so nothing is pulled for them (a locally built
+``torchx-templates:cpu`` would otherwise be looked up on Docker Hub first). It works against
+Docker and against podman's Docker-compatible API (``podman system service``; point
+``DOCKER_HOST`` at its socket), whose extra container states (e.g. ``stopped``) it reads as
+Docker's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from torchx.schedulers import docker_scheduler
+from torchx.schedulers.api import AppDryRunInfo
+from torchx.specs import AppDef, AppState, Role
+
+from components.containers import reference_error
+from components.launch import ComponentArgumentError
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+
+
+# Container states podman's Docker API reports that Docker's does not (TorchX 0.7.0 knows only
+# Docker's and fails with a KeyError on these), as the Docker state they correspond to.
+PODMAN_STATES = {"configured": "created", "initialized": "created", "stopping": "running",
+                 "stopped": "exited"}
+
+
+class DockerScheduler(docker_scheduler.DockerScheduler):
+    """TorchX's ``local_docker`` with the image checks described in the module docstring, and
+    podman's extra container states understood."""
+
+    def _image_id(self, image: str) -> str:
+        """The local ID of ``image``, pulling it if it is not local; one-line errors."""
+        from docker.errors import DockerException, ImageNotFound
+
+        if image.startswith("sha256:"):
+            return image
+        error = reference_error(image)
+        if error:
+            raise ComponentArgumentError(f"local_docker: --image {error}")
+        try:
+            client = self._docker_client
+            try:
+                return client.images.get(image).id
+            except ImageNotFound:
+                pass
+            try:
+                return client.images.pull(image).id
+            except DockerException as err:
+                # the engine's own reason (APIError.explanation), else the first line
+                reason = getattr(err, "explanation", None) or str(err).split("\n")[0]
+                raise ComponentArgumentError(
+                    f"local_docker: image {image} is not built here and cannot be pulled "
+                    f"({reason or type(err).__name__}); build it with `images/build cpu` or "
+                    "pass --image") from None
+        except DockerException as err:
+            host = os.environ.get("DOCKER_HOST", "the default socket")
+            raise ComponentArgumentError(
+                f"local_docker: no Docker API at {host} ({type(err).__name__}); start Docker, "
+                "or run .ci/podman-up and export DOCKER_HOST=unix:///run/podman/podman.sock"
+            ) from None
+
+    def build_workspace_and_update_role(self, role: Role, workspace: str,
+                                        cfg: dict[str, Any]) -> None:
+        """Check the base image before TorchX builds a workspace patch on top of it."""
+        self._image_id(role.image)
+        super().build_workspace_and_update_role(role, workspace, cfg)
+
+    def _validate(self, app: AppDef, scheduler: str) -> None:
+        """Every role's image is valid and present locally (pulled if need be)."""
+        for role in app.roles:
+            self._image_id(role.image)
+        super()._validate(app, scheduler)
+
+    def schedule(self, dryrun_info: AppDryRunInfo[docker_scheduler.DockerJob]) -> str:
+        """Run the containers from local image IDs: TorchX pulls anything else first."""
+        job = dryrun_info.request
+        job.containers = [replace(c, image=self._image_id(c.image)) for c in job.containers]
+        return super().schedule(dryrun_info)
+
+    def _get_app_state(self, container: Container) -> AppState:
+        """The state of ``container``, reading podman's own states as Docker's."""
+        state = container.attrs.get("State")
+        status = state.get("Status") if isinstance(state, dict) else state
+        if status in PODMAN_STATES:
+            if isinstance(state, dict):
+                state["Status"] = PODMAN_STATES[status]
+            else:
+                container.attrs["State"] = PODMAN_STATES[status]
+        return super()._get_app_state(container)
+
+
+def create_scheduler(session_name: str, **kwargs: Any) -> DockerScheduler:
+    """The ``local_docker`` entry point (pyproject.toml's ``torchx.schedulers`` table)."""
+    return DockerScheduler(session_name=session_name)

