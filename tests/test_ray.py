@@ -214,6 +214,8 @@ def test_an_address_without_a_cluster_is_refused(tmp_path):
      "--strategy zero is not a trainer; pass ddp or fsdp"),
     (["--strategy", "ddp", "--workers", "0"], "--workers must be positive, got 0"),
     (["--strategy", "ddp", "--workers", "2", "--max-failures", "-2"], "--max-failures must be -1"),
+    (["--strategy", "ddp", "--workers", "2", "--report-every", "-1"],
+     "--report-every must be >= 0, got -1"),
     (["--strategy", "ddp", "--workers", "2", "--address", "auto", "--num-cpus", "2"],
      "--num-cpus sizes the local cluster"),
     (["--strategy", "ddp", "--workers", "2", "--address", "nohost"],

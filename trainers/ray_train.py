@@ -6,11 +6,15 @@ Ray Train's ``TorchTrainer`` starts one worker process per rank, places them on 
 forms the process group (gloo on CPU, nccl with ``--gpus-per-worker 1``) and, after a failure,
 restarts the whole worker group up to ``--max-failures`` times. Inside each worker the
 strategy's own ``build`` wraps the model and the shared loop trains, as under torchrun: the
-trainer joins Ray's process group (:func:`trainers.distributed.init_distributed`), every step's
-metrics go to ``ray.train.report``, and each committed DCP checkpoint is reported as a
-``ray.train.Checkpoint`` where it lies (no copy). The run directory (``--output-dir``) is Ray's
-experiment directory, so it must be on storage every node mounts; a restarted worker group
-resumes from the last reported checkpoint, and a rerun of the same command from the newest one.
+trainer joins Ray's process group (:func:`trainers.distributed.init_distributed`), and each
+committed DCP checkpoint is reported with its step's metrics through ``ray.train.report`` as a
+``ray.train.Checkpoint`` where it lies (no copy); ``--report-every K`` also reports the metrics
+of every K-th step. (Each report is a barrier that waits for Ray's controller, which collects
+one report per worker every 2 s, and Ray keeps only the metrics attached to checkpoints; every
+step's metrics are in the run's metrics.jsonl and TensorBoard events as under torchrun.)
+The run directory (``--output-dir``) is Ray's experiment directory, so it must be on storage
+every node mounts; a restarted worker group resumes from the last reported checkpoint, and a
+rerun of the same command from the newest one.
 
 Strategies: ``ddp`` and ``fsdp``. ``model_parallel`` puts several devices in one process, which
 Ray's one-device-per-worker model does not fit; ``tensor_parallel`` and ``pipeline`` are not
@@ -69,6 +73,7 @@ class LaunchOptions:
     cpus_per_worker: float
     gpus_per_worker: int
     max_failures: int
+    report_every: int
     skip_resource_check: bool
 
     @property
@@ -98,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-failures", type=int, default=0,
                         help="worker-group restarts after a failure (-1: no limit); each resumes "
                              "from the last checkpoint")
+    parser.add_argument("--report-every", type=int, default=0,
+                        help="also report every K-th step's metrics to Ray, not only those of "
+                             "checkpoint steps (0: only those)")
     parser.add_argument("--skip-resource-check", action="store_true",
                         help="submit even if the cluster cannot place the workers now (for "
                              "clusters that autoscale)")
@@ -126,11 +134,14 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
         raise ConfigError(f"--cpus-per-worker must be positive, got {ns.cpus_per_worker}")
     if ns.max_failures < -1:
         raise ConfigError(f"--max-failures must be -1 (no limit) or >= 0, got {ns.max_failures}")
+    if ns.report_every < 0:
+        raise ConfigError(f"--report-every must be >= 0, got {ns.report_every}")
     if ns.num_cpus is not None and (ns.address is not None or ns.num_cpus < 1):
         raise ConfigError("--num-cpus sizes the local cluster started without --address; pass a "
                           "positive --num-cpus without --address, or drop it")
     options = LaunchOptions(ns.strategy, ns.workers, ns.address, ns.num_cpus, ns.cpus_per_worker,
-                            ns.gpus_per_worker, ns.max_failures, ns.skip_resource_check)
+                            ns.gpus_per_worker, ns.max_failures, ns.report_every,
+                            ns.skip_resource_check)
     cfg = parse_config(trainer_args, options.prog, world_sizes=[options.workers])
     if cfg.device == "cuda" and not options.gpus_per_worker:
         raise ConfigError("--device cuda: the Ray workers get no GPU; pass --gpus-per-worker 1 "
@@ -227,10 +238,10 @@ def _count_attempt(run_dir: Path, token: str) -> int:
 def train_worker(config: dict[str, Any]) -> None:
     """The function every Ray Train worker runs: parse, join Ray's process group, build, train.
 
-    ``config``: ``strategy``, the trainer ``argv`` and the run ``token`` (counts restarts).
-    Metrics of every step go to ``ray.train.report`` on every rank; at checkpoint steps rank 0
-    attaches the committed checkpoint directory. A restarted worker group resumes from the
-    checkpoint Ray hands back.
+    ``config``: ``strategy``, the trainer ``argv``, ``report_every`` and the run ``token``
+    (counts restarts). Every rank calls ``ray.train.report`` at the same steps (checkpoint
+    steps and every ``report_every``-th); rank 0 attaches the committed checkpoint directory.
+    A restarted worker group resumes from the checkpoint Ray hands back.
     """
     import ray.train
     import ray.train.torch
@@ -252,7 +263,11 @@ def train_worker(config: dict[str, Any]) -> None:
     if rank == 0:
         os.environ[RESTART_VAR] = str(_count_attempt(Path(cfg.output_dir), config["token"]))
 
+    every = config["report_every"]
+
     def report(step: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+        if checkpoint is None and not (every and step % every == 0):
+            return
         attach = Checkpoint.from_directory(str(checkpoint)) if checkpoint and rank == 0 else None
         ray.train.report({"step": step, **metrics}, checkpoint=attach,
                          checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
@@ -273,7 +288,7 @@ def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) ->
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"strategy": options.strategy, "argv": trainer_args,
-                           "token": uuid.uuid4().hex},
+                           "report_every": options.report_every, "token": uuid.uuid4().hex},
         scaling_config=ScalingConfig(
             num_workers=options.workers, use_gpu=options.gpus_per_worker > 0,
             resources_per_worker={"CPU": options.cpus_per_worker,
