@@ -203,6 +203,30 @@ def test_an_address_without_a_cluster_is_refused(tmp_path):
                     "local cluster")
 
 
+def test_an_address_with_something_else_behind_it_is_refused(tmp_path):
+    """An HTTP server (say, the dashboard's port) is not taken for a Ray head."""
+    _needs_ray()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1",
+                               str(port := _free_port())], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        line = _one_line_error(run_ray(["--strategy", "ddp", "--workers", "2", "--address",
+                                        f"127.0.0.1:{port}"],
+                                       [*ARGS, "--output-dir", str(tmp_path / "run")],
+                                       timeout=60))
+    finally:
+        server.terminate()
+        server.wait()
+    assert f"--address 127.0.0.1:{port}: the service there is not a Ray cluster" in line
+
+
 @pytest.mark.parametrize("launcher, message", [
     (["--strategy", "model_parallel", "--workers", "2"],
      "--strategy model_parallel cannot run under Ray Train: it spreads one process's blocks over "

@@ -151,9 +151,14 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
     return options, cfg, [*trainer_args, "--output-dir", str(run_dir)]
 
 
-def check_address(address: str) -> None:
-    """ConfigError unless something listens at ``address`` (HOST:PORT or ray://HOST:PORT);
-    ``auto`` is left to ``ray.init``."""
+# An HTTP/2 client's opening: the connection preface and an empty SETTINGS frame.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def check_address(address: str, timeout: float = 5.0) -> None:
+    """ConfigError unless a gRPC server (as Ray's GCS and Ray Client are) answers at
+    ``address`` (HOST:PORT or ray://HOST:PORT) within ``timeout`` seconds; ``auto`` is left to
+    ``ray.init``. Without this, ``ray.init`` retries a wrong address for minutes."""
     if address == "auto":
         return
     hostport = address.removeprefix("ray://")
@@ -162,13 +167,23 @@ def check_address(address: str) -> None:
         raise ConfigError(f"--address {address}: expected HOST:PORT of the Ray head (e.g. "
                           "10.0.0.5:6379), ray://HOST:10001 or auto")
     try:
-        with socket.create_connection((host, int(port)), timeout=5):
-            pass
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return  # a TLS server waits for our handshake: only the TCP check applies
+            sock.sendall(_HTTP2_PREFACE)
+            reply = sock.recv(9)
+    except TimeoutError:
+        reply = b""
     except OSError as err:
         raise ConfigError(
             f"--address {address}: no Ray cluster answers there ({err.strerror or err}); start "
             f"one with `ray start --head --port {port}`, pass its head's address, or drop "
             "--address to start a local cluster") from None
+    if len(reply) < 4 or reply[3] != 4:  # a server's first HTTP/2 frame is its SETTINGS
+        raise ConfigError(
+            f"--address {address}: the service there is not a Ray cluster (no gRPC answer); "
+            "pass the head's GCS address (HOST:6379 by default; not the dashboard's 8265) or "
+            "ray://HOST:10001")
 
 
 def connect(options: LaunchOptions) -> None:
