@@ -10,6 +10,7 @@ Ray installed these tests skip (and so fail under CI=true).
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import socket
 import subprocess
@@ -35,6 +36,12 @@ ARGS = [*without(TINY, "--steps", "--resume", "--batch-size"), "--batch-size", "
         "--steps", "10", "--checkpoint-every", "4", "--resume", "auto"]
 
 
+# Ray 2.60 turns on token authentication for new local clusters and otherwise keeps the token in
+# ~/.ray/auth_token, shared by every cluster of this user: the tests' clusters and launchers get
+# a token of their own through the environment instead.
+RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
 def _needs_ray() -> None:
     pytest.importorskip("ray.train", reason="Ray Train is not installed; "
                         "pip install -e '.[ray]' -c constraints/cpu.txt")
@@ -58,7 +65,8 @@ def ray_address() -> Iterator[str]:
          "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0",
          "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}",
          "--object-store-memory=200000000"],
-        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=REPO, env={**_env(), **RAY_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
     output: list[str] = []
     deadline = time.monotonic() + 120
     assert proc.stdout is not None
@@ -86,8 +94,7 @@ def ray_address() -> Iterator[str]:
 def run_ray(launcher: list[str], trainer: list[str], extra_env: dict[str, str] | None = None,
             timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python -m trainers.ray_train LAUNCHER -- TRAINER``; returns the finished process."""
-    env = _env()
-    env.update(extra_env or {})
+    env = {**_env(), **RAY_ENV, **(extra_env or {})}
     cmd = [sys.executable, "-m", "trainers.ray_train", *launcher, "--", *trainer]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -118,22 +125,27 @@ def torchrun_runs(tmp_path_factory) -> dict[str, Path]:
     class Runs(dict):
         def __missing__(self, strategy: str) -> Path:
             run_dir = tmp_path_factory.mktemp(f"torchrun-{strategy}")
-            run_trainer([*ARGS, "--output-dir", str(run_dir)], nproc=2,
-                        module=f"trainers.{strategy}")
+            run_trainer([*ARGS, *STRATEGY_ARGS[strategy], "--output-dir", str(run_dir)],
+                        nproc=2, module=f"trainers.{strategy}")
             self[strategy] = run_dir
             return run_dir
 
     return Runs()
 
 
+# Trainer options per strategy beyond ARGS (2 ranks: tp 2, or 2 pipeline stages).
+STRATEGY_ARGS = {"ddp": [], "fsdp": [], "tensor_parallel": ["--tp", "2"],
+                 "pipeline": ["--pp", "2", "--schedule", "1f1b"]}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", list(STRATEGY_ARGS))
 def test_two_workers_match_torchrun(tmp_path, ray_address, torchrun_runs, strategy):
     """2 Ray Train workers on the local cluster train exactly as torchrun's 2 ranks do; the
     last report carries step 10's metrics and its DCP checkpoint, where the loop wrote it."""
     run_dir = tmp_path / "ray"
     out = _ok(run_ray(["--strategy", strategy, "--workers", "2", "--address", ray_address],
-                      [*ARGS, "--output-dir", str(run_dir)]))
+                      [*ARGS, *STRATEGY_ARGS[strategy], "--output-dir", str(run_dir)]))
     got, expected = losses(run_dir), losses(torchrun_runs[strategy])
     assert_close(got, expected)
     worst = max(abs(got[s] - expected[s]) / abs(expected[s]) for s in expected)
@@ -236,10 +248,8 @@ def test_an_address_with_something_else_behind_it_is_refused(tmp_path):
      "--strategy model_parallel cannot run under Ray Train: it spreads one process's blocks over "
      "several devices, while Ray Train runs one process per device; run it with `torchx run "
      "components/model_parallel.py:model_parallel`"),
-    (["--strategy", "pipeline", "--workers", "2"],
-     "--strategy pipeline cannot run under Ray Train: it is not served under Ray Train yet"),
     (["--strategy", "zero", "--workers", "2"],
-     "--strategy zero is not a trainer; pass ddp or fsdp"),
+     "--strategy zero is not a trainer; pass ddp or fsdp or tensor_parallel or pipeline"),
     (["--strategy", "ddp", "--workers", "0"], "--workers must be positive, got 0"),
     (["--strategy", "ddp", "--workers", "2", "--max-failures", "-2"], "--max-failures must be -1"),
     (["--strategy", "ddp", "--workers", "2", "--report-every", "-1"],

@@ -16,9 +16,9 @@ The run directory (``--output-dir``) is Ray's experiment directory, so it must b
 every node mounts; a restarted worker group resumes from the last reported checkpoint, and a
 rerun of the same command from the newest one.
 
-Strategies: ``ddp`` and ``fsdp``. ``model_parallel`` puts several devices in one process, which
-Ray's one-device-per-worker model does not fit; ``tensor_parallel`` and ``pipeline`` are not
-served here (untested under Ray): run those with TorchX or torchrun.
+Strategies: ``ddp``, ``fsdp``, ``tensor_parallel`` and ``pipeline`` (each rank one process on
+one device, as Ray places workers). ``model_parallel`` drives several devices from one process,
+which Ray's one-device-per-worker model does not fit: run it with TorchX or torchrun.
 
 Without ``--address`` a local cluster is started in this process (``--num-cpus`` CPUs) and
 stopped at the end; ``--address auto`` joins the cluster this machine belongs to (e.g. inside a
@@ -46,17 +46,14 @@ from trainers.errors import ConfigError
 
 PROG = "trainers.ray_train"
 # The strategies served, by the module whose build() and PROG they use.
-STRATEGIES = {"ddp": "trainers.ddp", "fsdp": "trainers.fsdp"}
+STRATEGIES = {"ddp": "trainers.ddp", "fsdp": "trainers.fsdp",
+              "tensor_parallel": "trainers.tensor_parallel", "pipeline": "trainers.pipeline"}
 # The others, and why not (each message ends with what to use instead).
 NOT_SERVED = {
     "model_parallel": "it spreads one process's blocks over several devices, while Ray Train runs "
                       "one process per device; run it with `torchx run "
                       "components/model_parallel.py:model_parallel` or `python -m "
                       "trainers.model_parallel`",
-    "tensor_parallel": "it is not served under Ray Train yet (untested here); run it with `torchx "
-                       "run components/tensor_parallel.py:tensor_parallel` or torchrun",
-    "pipeline": "it is not served under Ray Train yet (untested here); run it with `torchx run "
-                "components/pipeline.py:pipeline` or torchrun",
 }
 RESTART_VAR = "TRAINERS_RAY_RESTART_COUNT"
 ATTEMPTS_FILE = "ray-attempts"
