@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -82,7 +83,7 @@ def ray_address() -> Iterator[str]:
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        proc.terminate()  # ray start --block stops the node's processes on SIGTERM
+        proc.send_signal(signal.SIGINT)  # stops the node's processes (SIGTERM takes 30 s)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -179,7 +180,10 @@ def test_killed_worker_without_restarts_fails_in_one_line(tmp_path, ray_address)
     proc = run_ray(["--strategy", "ddp", "--workers", "2", "--address", ray_address],
                    [*ARGS, "--output-dir", str(run_dir)], {"TRAINERS_KILL_AT": "1:2"})
     line = _one_line_error(proc, returncode=1)
-    assert line.startswith("trainers.ray_train: error: training failed: "), line
+    print(line)
+    assert line.startswith("trainers.ray_train: error: training failed: rank 1: "), line
+    assert line.endswith("pass --max-failures N to have Ray restart the workers from the last "
+                         "checkpoint"), line
 
 
 @pytest.mark.slow

@@ -316,18 +316,34 @@ def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) ->
     return trainer.fit()
 
 
-def _failure_line(err: BaseException) -> str:
+def _failure_line(err: BaseException, max_failures: int) -> str:
     """The one line to show for a failed run: a worker's ConfigError as the trainer would
-    print it, else the last line of the first worker failure."""
-    failures = getattr(err, "worker_failures", None) or {}
+    print it; else the first line of the failure of a rank whose process died (the others'
+    errors are their collectives breaking), or of the first rank that failed."""
+    failures: dict[int, BaseException] = dict(getattr(err, "worker_failures", None) or {})
     for failure in failures.values():
         cause: BaseException | None = failure
         while cause is not None:
             if isinstance(cause, ConfigError):
                 return str(cause)
             cause = getattr(cause, "cause", None) or cause.__cause__
-    text = str(next(iter(failures.values()), err)).strip().splitlines()
-    return f"training failed: {text[-1] if text else type(err).__name__}"
+    if not failures:
+        lines = str(err).strip().splitlines()
+        return f"training failed: {lines[-1] if lines else type(err).__name__}"
+    died = [rank for rank, failure in failures.items() if _process_died(failure)]
+    rank = min(died or failures)
+    lines = str(failures[rank]).strip().splitlines() or [type(failures[rank]).__name__]
+    hint = ("" if max_failures else "; pass --max-failures N to have Ray restart the workers "
+            "from the last checkpoint")
+    return f"training failed: rank {rank}: {lines[0].strip()}{hint}"
+
+
+def _process_died(failure: BaseException) -> bool:
+    """Whether ``failure`` is Ray's report of a worker process that is gone."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    return isinstance(failure, (ActorDiedError, ActorUnavailableError)) or \
+        isinstance(getattr(failure, "cause", None), (ActorDiedError, ActorUnavailableError))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -346,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 check_resources(options, ray.nodes())
             result = launch(options, cfg, trainer_args)
         except TrainingFailedError as err:
-            sys.stderr.write(f"{PROG}: error: {_failure_line(err)}\n")
+            sys.stderr.write(f"{PROG}: error: {_failure_line(err, options.max_failures)}\n")
             raise SystemExit(1) from None
         finally:
             ray.shutdown()
