@@ -176,12 +176,15 @@ def test_killed_worker_is_restarted_by_ray_and_resumes(tmp_path, ray_address, to
 
 @pytest.mark.slow
 def test_killed_worker_without_restarts_fails_in_one_line(tmp_path, ray_address):
+    """Without --max-failures a lost worker ends the run: exit 1 and one error line, last."""
     run_dir = tmp_path / "run"
     proc = run_ray(["--strategy", "ddp", "--workers", "2", "--address", ray_address],
                    [*ARGS, "--output-dir", str(run_dir)], {"TRAINERS_KILL_AT": "1:2"})
     line = _one_line_error(proc, returncode=1)
+    assert proc.stderr.strip().splitlines()[-1] == line
     print(line)
-    assert line.startswith("trainers.ray_train: error: training failed: rank 1: "), line
+    # Ray reports rank 1's death or, if it sees it first, rank 0's broken collective.
+    assert line.startswith("trainers.ray_train: error: training failed: rank "), line
     assert line.endswith("pass --max-failures N to have Ray restart the workers from the last "
                          "checkpoint"), line
 

@@ -357,15 +357,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise ConfigError("Ray Train is not installed; pip install -e '.[ray]' "
                               "-c constraints/cpu.txt") from None
         connect(options)
+        failure = ""
         try:
             if not options.skip_resource_check:
                 check_resources(options, ray.nodes())
             result = launch(options, cfg, trainer_args)
         except TrainingFailedError as err:
-            sys.stderr.write(f"{PROG}: error: {_failure_line(err, options.max_failures)}\n")
-            raise SystemExit(1) from None
+            failure = _failure_line(err, options.max_failures)
         finally:
-            ray.shutdown()
+            ray.shutdown()  # first, so that no forwarded log line lands after ours
+        if failure:
+            sys.stderr.write(f"{PROG}: error: {failure}\n")
+            raise SystemExit(1)
     checkpoint = result.checkpoint.path if result.checkpoint else None
     metrics = result.metrics or {}
     print(f"{PROG}: finished: step {metrics.get('step')}, loss {metrics.get('loss')}, "
