@@ -49,9 +49,13 @@ def _needs_ray() -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port outside the ones a Ray head claims for itself (52365: its agent's)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port != 52365 and not 10001 <= port <= 19999:
+            return port
 
 
 @pytest.fixture(scope="module")
