@@ -2,7 +2,8 @@
 
 Under torchrun the rank, world size and rendezvous come from its environment; run as a plain
 process, the trainer becomes a world of one with an in-memory store, so every code path
-(collectives, DCP) is the same in both cases.
+(collectives, DCP) is the same in both cases. Under a launcher that forms the process group
+itself (Ray Train), the trainer joins that group and leaves it to the launcher.
 """
 
 from __future__ import annotations
@@ -76,12 +77,24 @@ def attempt_store(world_size: int) -> dist.Store:
 
 
 @contextmanager
-def init_distributed(cfg: TrainConfig) -> Iterator[DistEnv]:
-    """Join (or form) the process group for the run and leave it on exit."""
+def init_distributed(cfg: TrainConfig, device: torch.device | None = None) -> Iterator[DistEnv]:
+    """Join (or form) the process group for the run and leave it on exit.
+
+    If the default group already exists (a launcher such as Ray Train formed it), this joins
+    it: rank, world size and backend are the group's, ``device`` is the launcher's choice for
+    this process (None: chosen from ``--device`` and ``LOCAL_RANK`` as under torchrun), and
+    the group is left initialised on exit for its owner to destroy.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if dist.is_initialized():
+        env = _existing_group(cfg, device or select_device(cfg.device, local_rank), local_rank)
+        if env.device.type == "cuda":
+            torch.cuda.set_device(env.device)
+        yield env
+        return
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = select_device(cfg.device, local_rank)
+    device = device or select_device(cfg.device, local_rank)
     backend = select_backend(cfg.backend, device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -95,3 +108,16 @@ def init_distributed(cfg: TrainConfig) -> Iterator[DistEnv]:
         yield DistEnv(rank, world_size, local_rank, device, backend)
     finally:
         dist.destroy_process_group()
+
+
+def _existing_group(cfg: TrainConfig, device: torch.device, local_rank: int) -> DistEnv:
+    """This process's place in the default group someone else initialised; ConfigError if
+    ``--backend`` or ``device`` contradicts the group's backend."""
+    backend = str(dist.get_backend())
+    if cfg.backend != "auto" and cfg.backend != backend:
+        raise ConfigError(f"--backend {cfg.backend}: the launcher's process group uses {backend}; "
+                          f"pass --backend auto or {backend}")
+    if backend == "nccl" and device.type != "cuda":
+        raise ConfigError(f"the launcher's process group uses nccl, but this rank's device is "
+                          f"{device}; give the workers GPUs or pass --device auto")
+    return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)

@@ -64,7 +64,11 @@ def maybe_kill(point: KillPoint | None, where: str, rank: int, step: int,
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+RESTART_COUNT_VARS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT",
+                      "TRAINERS_RAY_RESTART_COUNT")
+
+
 def restart_count() -> int:
-    """How often this run was restarted: torchrun's in-place restarts plus Slurm requeues."""
-    return sum(int(os.environ.get(name, "0") or 0)
-               for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+    """How often this run was restarted: torchrun's in-place restarts, Slurm requeues and Ray
+    Train worker-group restarts (``TRAINERS_RAY_RESTART_COUNT``, set by trainers.ray_train)."""
+    return sum(int(os.environ.get(name, "0") or 0) for name in RESTART_COUNT_VARS)

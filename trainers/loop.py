@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,8 +167,18 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
-    """Run ``cfg.steps`` optimizer steps (resuming if asked); return the summary (all ranks)."""
+# Called on every rank after each step with (step, metrics, the checkpoint that step wrote or
+# None); a launcher's metrics sink, e.g. ray.train.report. Every rank calls it equally often.
+StepHook = Callable[[int, dict[str, float], Path | None], None]
+
+
+def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
+          on_step: StepHook | None = None) -> dict[str, Any]:
+    """Run ``cfg.steps`` optimizer steps (resuming if asked); return the summary (all ranks).
+
+    ``on_step`` (optional) receives every step's metrics on every rank after the step and its
+    checkpoint, if any, are done, with the committed checkpoint directory at checkpoint steps.
+    """
     run_dir = Path(cfg.output_dir)
     model_cfg = MODEL_SIZES[cfg.model]
     train_set, val_set = build_datasets(cfg, model_cfg.vocab_size)
@@ -231,10 +241,13 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy) -> dict[str, Any]:
         if step % cfg.log_every == 0 or step in (start_step + 1, cfg.steps):
             writer.print(format_line(step, cfg.steps, metrics))
         maybe_kill(kill_at, "step", env.rank, step, run_dir)
+        saved = None
         if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
             loop_state.update(step=step, data=stream.state_dict(),
                               scheduler=scheduler.state_dict())
-            checkpointer.save(step, strategy.model, optimizer, loop_state)
+            saved = checkpointer.save(step, strategy.model, optimizer, loop_state)
+        if on_step is not None:
+            on_step(step, metrics, saved)
     writer.close()
     summary = _summarize(cfg, env, history, start_step, time.perf_counter() - wall_start,
                          train_set, mfu_per_token_per_s)

@@ -1,0 +1,344 @@
+"""The trainers under Ray Train (``trainers.ray_train``) on a real local Ray cluster.
+
+A head node is started on loopback with 2 CPUs for this module (``ray start --head --block``,
+stopped after); ddp and fsdp with 2 workers must give the per-step losses of the same config
+under torchrun, a worker killed mid-run must be restarted by Ray and end where the uninterrupted
+run does, and bad input must stop the launcher with one line before anything waits. Without
+Ray installed these tests skip (and so fail under CI=true).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from tests.conftest import REPO, TINY, _env, assert_close, losses, run_trainer
+from tests.test_faults import assert_same_run, without
+from trainers.config import parse_config
+from trainers.distributed import init_distributed
+from trainers.errors import ConfigError
+from trainers.ray_train import check_address, check_resources, parse_args, placeable_workers
+
+# 10 steps with checkpoints at 4 and 8 (and 10), so a kill at step 6 loses 2 steps.
+ARGS = [*without(TINY, "--steps", "--resume", "--batch-size"), "--batch-size", "16",
+        "--steps", "10", "--checkpoint-every", "4", "--resume", "auto"]
+
+
+# Ray 2.60 turns on token authentication for new local clusters and otherwise keeps the token in
+# ~/.ray/auth_token, shared by every cluster of this user: the tests' clusters and launchers get
+# a token of their own through the environment instead.
+RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
+def _needs_ray() -> None:
+    pytest.importorskip("ray.train", reason="Ray Train is not installed; "
+                        "pip install -e '.[ray]' -c constraints/cpu.txt")
+
+
+def _free_port() -> int:
+    """A free port outside the ones a Ray head claims for itself (52365: its agent's)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port != 52365 and not 10001 <= port <= 19999:
+            return port
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """A Ray head node on 127.0.0.1 with 2 CPUs and no GPU, for this module; its address."""
+    _needs_ray()
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths
+    ray_cli = Path(sys.executable).parent / "ray"
+    proc = subprocess.Popen(
+        [str(ray_cli), "start", "--head", "--block", f"--port={port}",
+         "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0",
+         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}",
+         "--object-store-memory=200000000"],
+        cwd=REPO, env={**_env(), **RAY_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    output: list[str] = []
+    deadline = time.monotonic() + 120
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        output.append(line)
+        if "Ray runtime started" in line or time.monotonic() > deadline:
+            break
+    if proc.poll() is not None or "Ray runtime started" not in "".join(output):
+        proc.kill()
+        raise AssertionError("ray start failed:\n" + "".join(output[-40:]))
+    drain = threading.Thread(target=lambda: [output.append(x) for x in proc.stdout], daemon=True)
+    drain.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGINT)  # stops the node's processes (SIGTERM takes 30 s)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def run_ray(launcher: list[str], trainer: list[str], extra_env: dict[str, str] | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m trainers.ray_train LAUNCHER -- TRAINER``; returns the finished process."""
+    env = {**_env(), **RAY_ENV, **(extra_env or {})}
+    cmd = [sys.executable, "-m", "trainers.ray_train", *launcher, "--", *trainer]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return proc.stdout + proc.stderr
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str], returncode: int = 2) -> str:
+    """The single error line of a refused (exit 2) or failed launch, checked to be the only
+    ``: error:`` line; a refused launch prints no traceback."""
+    assert proc.returncode == returncode, \
+        f"{proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    if returncode == 2:
+        assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1, proc.stderr[-4000:]
+    assert errors[0].startswith("trainers.ray_train: error: "), errors[0]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def torchrun_runs(tmp_path_factory) -> dict[str, Path]:
+    """Run directories of ARGS under torchrun on 2 ranks, made on first use per strategy."""
+
+    class Runs(dict):
+        def __missing__(self, strategy: str) -> Path:
+            run_dir = tmp_path_factory.mktemp(f"torchrun-{strategy}")
+            run_trainer([*ARGS, *STRATEGY_ARGS[strategy], "--output-dir", str(run_dir)],
+                        nproc=2, module=f"trainers.{strategy}")
+            self[strategy] = run_dir
+            return run_dir
+
+    return Runs()
+
+
+# Trainer options per strategy beyond ARGS (2 ranks: tp 2, or 2 pipeline stages).
+STRATEGY_ARGS = {"ddp": [], "fsdp": [], "tensor_parallel": ["--tp", "2"],
+                 "pipeline": ["--pp", "2", "--schedule", "1f1b"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", list(STRATEGY_ARGS))
+def test_two_workers_match_torchrun(tmp_path, ray_address, torchrun_runs, strategy):
+    """2 Ray Train workers on the local cluster train exactly as torchrun's 2 ranks do; the
+    last report carries step 10's metrics and its DCP checkpoint, where the loop wrote it."""
+    run_dir = tmp_path / "ray"
+    out = _ok(run_ray(["--strategy", strategy, "--workers", "2", "--address", ray_address],
+                      [*ARGS, *STRATEGY_ARGS[strategy], "--output-dir", str(run_dir)]))
+    got, expected = losses(run_dir), losses(torchrun_runs[strategy])
+    assert_close(got, expected)
+    worst = max(abs(got[s] - expected[s]) / abs(expected[s]) for s in expected)
+    print(f"{strategy}: Ray vs torchrun, {len(got)} steps, max relative difference {worst:.1e}, "
+          f"final loss {got[10]:.6f} vs {expected[10]:.6f}")
+    assert f"finished: step 10, loss {got[10]}, checkpoint " \
+           f"{run_dir / 'checkpoints' / 'step_00000010'}" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["world_size"], summary["restarts"], summary["resumed_from_step"]) == (2, 0, 0)
+
+
+@pytest.mark.slow
+def test_killed_worker_is_restarted_by_ray_and_resumes(tmp_path, ray_address, torchrun_runs):
+    """Rank 1 is SIGKILLed after step 6; Ray (--max-failures 1) restarts the worker group,
+    which resumes from the step-4 checkpoint it was handed and ends with the uninterrupted
+    run's losses and weights."""
+    run_dir = tmp_path / "faulted"
+    out = _ok(run_ray(["--strategy", "ddp", "--workers", "2", "--address", ray_address,
+                       "--max-failures", "1"], [*ARGS, "--output-dir", str(run_dir)],
+                      {"TRAINERS_KILL_AT": "1:6"}))
+    assert "killing rank 1 at step 6" in out
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_00000004'} at step 4" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["restarts"], summary["steps_lost"], summary["resumed_from_step"]) == (1, 2, 4)
+    assert_same_run(run_dir, torchrun_runs["ddp"], tmp_path)
+
+
+@pytest.mark.slow
+def test_killed_worker_without_restarts_fails_in_one_line(tmp_path, ray_address):
+    """Without --max-failures a lost worker ends the run: exit 1 and one error line, last."""
+    run_dir = tmp_path / "run"
+    proc = run_ray(["--strategy", "ddp", "--workers", "2", "--address", ray_address],
+                   [*ARGS, "--output-dir", str(run_dir)], {"TRAINERS_KILL_AT": "1:2"})
+    line = _one_line_error(proc, returncode=1)
+    assert proc.stderr.strip().splitlines()[-1] == line
+    print(line)
+    # Ray reports rank 1's death or, if it sees it first, rank 0's broken collective.
+    assert line.startswith("trainers.ray_train: error: training failed: rank "), line
+    assert line.endswith("pass --max-failures N to have Ray restart the workers from the last "
+                         "checkpoint"), line
+
+
+@pytest.mark.slow
+def test_more_workers_than_the_cluster_holds_are_refused_at_once(tmp_path, ray_address):
+    start = time.monotonic()
+    line = _one_line_error(run_ray(["--strategy", "ddp", "--workers", "3", "--address",
+                                    ray_address], [*ARGS, "--batch-size", "24",
+                                                   "--output-dir", str(tmp_path)], timeout=120))
+    assert time.monotonic() - start < 60
+    assert "--workers 3 need 1 CPU each, but the Ray cluster (1 node, 2 CPUs, 0 GPUs) can " \
+           "place only 2; pass --workers 2 or fewer" in line
+    line = _one_line_error(run_ray(["--strategy", "ddp", "--workers", "2", "--gpus-per-worker",
+                                    "1", "--address", ray_address],
+                                   [*ARGS, "--output-dir", str(tmp_path)], timeout=120))
+    assert "need 1 CPU and 1 GPU each" in line and "can place only 0" in line
+
+
+@pytest.mark.slow
+def test_local_cluster_is_started_and_checked_without_an_address(tmp_path):
+    """Without --address the launcher starts its own cluster (1 CPU here), which cannot hold
+    2 workers: refused in one line, and the cluster is gone afterwards."""
+    _needs_ray()
+    line = _one_line_error(run_ray(["--strategy", "fsdp", "--workers", "2", "--num-cpus", "1"],
+                                   [*ARGS, "--output-dir", str(tmp_path)], timeout=120))
+    assert "(1 node, 1 CPU, 0 GPUs) can place only 1" in line
+
+
+def test_an_address_without_a_cluster_is_refused(tmp_path):
+    _needs_ray()
+    port = _free_port()
+    line = _one_line_error(run_ray(["--strategy", "ddp", "--workers", "2", "--address",
+                                    f"127.0.0.1:{port}"], [*ARGS, "--output-dir", str(tmp_path)],
+                                   timeout=60))
+    assert line == (f"trainers.ray_train: error: --address 127.0.0.1:{port}: no Ray cluster "
+                    "answers there (Connection refused); start one with `ray start --head "
+                    f"--port {port}`, pass its head's address, or drop --address to start a "
+                    "local cluster")
+
+
+def test_an_address_with_something_else_behind_it_is_refused(tmp_path):
+    """An HTTP server (say, the dashboard's port) is not taken for a Ray head."""
+    _needs_ray()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1",
+                               str(port := _free_port())], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        line = _one_line_error(run_ray(["--strategy", "ddp", "--workers", "2", "--address",
+                                        f"127.0.0.1:{port}"],
+                                       [*ARGS, "--output-dir", str(tmp_path / "run")],
+                                       timeout=60))
+    finally:
+        server.terminate()
+        server.wait()
+    assert f"--address 127.0.0.1:{port}: the service there is not a Ray cluster" in line
+
+
+@pytest.mark.parametrize("launcher, message", [
+    (["--strategy", "model_parallel", "--workers", "2"],
+     "--strategy model_parallel cannot run under Ray Train: it spreads one process's blocks over "
+     "several devices, while Ray Train runs one process per device; run it with `torchx run "
+     "components/model_parallel.py:model_parallel`"),
+    (["--strategy", "zero", "--workers", "2"],
+     "--strategy zero is not a trainer; pass ddp or fsdp or tensor_parallel or pipeline"),
+    (["--strategy", "ddp", "--workers", "0"], "--workers must be positive, got 0"),
+    (["--strategy", "ddp", "--workers", "2", "--max-failures", "-2"], "--max-failures must be -1"),
+    (["--strategy", "ddp", "--workers", "2", "--report-every", "-1"],
+     "--report-every must be >= 0, got -1"),
+    (["--strategy", "ddp", "--workers", "2", "--address", "auto", "--num-cpus", "2"],
+     "--num-cpus sizes the local cluster"),
+    (["--strategy", "ddp", "--workers", "2", "--address", "nohost"],
+     "--address nohost: expected HOST:PORT"),
+    (["--strategy", "ddp", "--workers", "3"],
+     "--batch-size 16 is not divisible by --grad-accum 1 x data-parallel size 3"),
+    (["--strategy", "ddp", "--workers", "2", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_bad_launcher_input_is_one_line(tmp_path, launcher, message):
+    """Refused before Ray is contacted (the address form is checked before connecting)."""
+    with pytest.raises(ConfigError) as err:
+        options, _, _ = parse_args([*launcher, "--", *ARGS, "--output-dir", str(tmp_path)])
+        check_address(options.address or "auto")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_trainer_arguments_are_parsed_for_the_workers(tmp_path):
+    options, cfg, argv = parse_args(["--strategy", "fsdp", "--workers", "2", "--",
+                                     *ARGS, "--output-dir", "relative/run"])
+    assert (options.prog, options.workers, cfg.batch_size) == ("trainers.fsdp", 2, 16)
+    assert Path(cfg.output_dir).is_absolute() and argv[-2:] == ["--output-dir", cfg.output_dir]
+
+
+def node(cpus: float, gpus: float = 0, alive: bool = True) -> dict:
+    return {"Alive": alive, "Resources": {"CPU": cpus, "GPU": gpus} if gpus else {"CPU": cpus}}
+
+
+@pytest.mark.parametrize("nodes, cpus, gpus, expected", [
+    ([node(2)], 1, 0, 2),
+    ([node(2), node(2)], 1.5, 0, 2),  # 1.5 CPUs fit once per 2-CPU node, not 4 / 1.5 times
+    ([node(8, 2), node(8, 2)], 1, 1, 4),  # GPUs bound it
+    ([node(8)], 1, 1, 0),
+    ([node(4), node(4, alive=False)], 1, 0, 4),  # dead nodes hold nothing
+])
+def test_placeable_workers(nodes, cpus, gpus, expected):
+    assert placeable_workers(nodes, cpus, gpus) == expected
+
+
+def test_check_resources_passes_when_the_workers_fit(tmp_path):
+    options, _, _ = parse_args(["--strategy", "ddp", "--workers", "4", "--", *ARGS,
+                                "--output-dir", str(tmp_path)])
+    check_resources(options, [node(2), node(2)])
+    with pytest.raises(ConfigError, match="2 nodes, 3 CPUs, 0 GPUs"):
+        check_resources(options, [node(2), node(1)])
+
+
+def test_init_distributed_joins_a_group_it_did_not_form():
+    """A launcher's group (here a world of one) is used as it is and left initialised."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with init_distributed(parse_config(["--device", "cpu"], "test")) as env:
+            assert (env.rank, env.world_size, env.backend, env.device.type) == (0, 1, "gloo",
+                                                                                 "cpu")
+        assert dist.is_initialized()
+        with pytest.raises(ConfigError, match="the launcher's process group uses gloo"), \
+                init_distributed(parse_config(["--backend", "nccl"], "test")):
+            pass
+    finally:
+        dist.destroy_process_group()
+
+
+def test_step_hook_sees_every_step_and_the_committed_checkpoints(tmp_path):
+    """The loop's on_step hook gets each step's metrics and, at checkpoint steps, the
+    directory the checkpoint was committed to."""
+    from trainers.ddp import build
+    from trainers.loop import train
+
+    cfg = parse_config([*without(TINY, "--steps"), "--steps", "5", "--checkpoint-every", "2",
+                        "--device", "cpu", "--output-dir", str(tmp_path)], "trainers.ddp")
+    seen: list[tuple[int, float, Path | None]] = []
+    with init_distributed(cfg) as env:
+        train(cfg, env, build(cfg, env), on_step=lambda s, m, c: seen.append((s, m["loss"], c)))
+    assert [s for s, _, _ in seen] == [1, 2, 3, 4, 5]
+    assert {s: loss for s, loss, _ in seen} == losses(tmp_path)
+    ckpts = tmp_path / "checkpoints"
+    assert [c for _, _, c in seen] == [None, ckpts / "step_00000002", None,
+                                       ckpts / "step_00000004", ckpts / "step_00000005"]

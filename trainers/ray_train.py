@@ -1,0 +1,379 @@
+"""The trainers under Ray Train: ``python -m trainers.ray_train --help``.
+
+``python -m trainers.ray_train --strategy ddp --workers 2 [--address HOST:PORT] -- --model tiny``
+
+Ray Train's ``TorchTrainer`` starts one worker process per rank, places them on the cluster,
+forms the process group (gloo on CPU, nccl with ``--gpus-per-worker 1``) and, after a failure,
+restarts the whole worker group up to ``--max-failures`` times. Inside each worker the
+strategy's own ``build`` wraps the model and the shared loop trains, as under torchrun: the
+trainer joins Ray's process group (:func:`trainers.distributed.init_distributed`), and each
+committed DCP checkpoint is reported with its step's metrics through ``ray.train.report`` as a
+``ray.train.Checkpoint`` where it lies (no copy); ``--report-every K`` also reports the metrics
+of every K-th step. (Each report is a barrier that waits for Ray's controller, which collects
+one report per worker every 2 s, and Ray keeps only the metrics attached to checkpoints; every
+step's metrics are in the run's metrics.jsonl and TensorBoard events as under torchrun.)
+The run directory (``--output-dir``) is Ray's experiment directory, so it must be on storage
+every node mounts; a restarted worker group resumes from the last reported checkpoint, and a
+rerun of the same command from the newest one.
+
+Strategies: ``ddp``, ``fsdp``, ``tensor_parallel`` and ``pipeline`` (each rank one process on
+one device, as Ray places workers). ``model_parallel`` drives several devices from one process,
+which Ray's one-device-per-worker model does not fit: run it with TorchX or torchrun.
+
+Without ``--address`` a local cluster is started in this process (``--num-cpus`` CPUs) and
+stopped at the end; ``--address auto`` joins the cluster this machine belongs to (e.g. inside a
+KubeRay head pod), ``HOST:PORT`` the one whose head listens there. Environment variables
+``TRAINERS_*`` (e.g. ``TRAINERS_KILL_AT`` for fault injection) are passed on to the workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import math
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainers.config import OneLineParser, TrainConfig, exit_on_config_error, parse_config
+from trainers.errors import ConfigError
+
+PROG = "trainers.ray_train"
+# The strategies served, by the module whose build() and PROG they use.
+STRATEGIES = {"ddp": "trainers.ddp", "fsdp": "trainers.fsdp",
+              "tensor_parallel": "trainers.tensor_parallel", "pipeline": "trainers.pipeline"}
+# The others, and why not (each message ends with what to use instead).
+NOT_SERVED = {
+    "model_parallel": "it spreads one process's blocks over several devices, while Ray Train runs "
+                      "one process per device; run it with `torchx run "
+                      "components/model_parallel.py:model_parallel` or `python -m "
+                      "trainers.model_parallel`",
+}
+RESTART_VAR = "TRAINERS_RAY_RESTART_COUNT"
+ATTEMPTS_FILE = "ray-attempts"
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The launcher's own options (before ``--``)."""
+
+    strategy: str
+    workers: int
+    address: str | None
+    num_cpus: int | None
+    cpus_per_worker: float
+    gpus_per_worker: int
+    max_failures: int
+    report_every: int
+    skip_resource_check: bool
+
+    @property
+    def prog(self) -> str:
+        """The trainer whose arguments follow ``--``, e.g. ``trainers.ddp``."""
+        return STRATEGIES[self.strategy]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0],
+                           usage=f"python -m {PROG} --strategy ddp|fsdp --workers N [options] "
+                                 "-- <trainer options>",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--strategy", required=True,
+                        help=f"trainer to run: {' or '.join(STRATEGIES)}")
+    parser.add_argument("--workers", type=int, required=True, help="Ray Train workers (ranks)")
+    parser.add_argument("--address", default=None,
+                        help="Ray cluster to join: HOST:PORT of its head (GCS), ray://HOST:PORT, "
+                             "or auto; omitted, a local cluster is started for the run")
+    parser.add_argument("--num-cpus", type=int, default=None,
+                        help="CPUs of the local cluster started without --address "
+                             "(default: all of this machine's)")
+    parser.add_argument("--cpus-per-worker", type=float, default=1.0,
+                        help="CPUs Ray reserves for each worker")
+    parser.add_argument("--gpus-per-worker", type=int, default=0, choices=[0, 1],
+                        help="GPUs per worker: 0 trains on CPUs with gloo, 1 on a GPU with nccl")
+    parser.add_argument("--max-failures", type=int, default=0,
+                        help="worker-group restarts after a failure (-1: no limit); each resumes "
+                             "from the last checkpoint")
+    parser.add_argument("--report-every", type=int, default=0,
+                        help="also report every K-th step's metrics to Ray, not only those of "
+                             "checkpoint steps (0: only those)")
+    parser.add_argument("--skip-resource-check", action="store_true",
+                        help="submit even if the cluster cannot place the workers now (for "
+                             "clusters that autoscale)")
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[str]]:
+    """Split ``argv`` at ``--`` and validate both halves; return the launcher's options, the
+    trainer's config and the trainer arguments the workers get (``--output-dir`` absolute).
+
+    Raises :class:`ConfigError` (one line) for anything that cannot run.
+    """
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    ns = build_parser().parse_args(argv[:split])
+    trainer_args = argv[split + 1:]
+    if ns.strategy in NOT_SERVED:
+        raise ConfigError(f"--strategy {ns.strategy} cannot run under Ray Train: "
+                          f"{NOT_SERVED[ns.strategy]}")
+    if ns.strategy not in STRATEGIES:
+        raise ConfigError(f"--strategy {ns.strategy} is not a trainer; pass "
+                          + " or ".join(STRATEGIES))
+    if ns.workers < 1:
+        raise ConfigError(f"--workers must be positive, got {ns.workers}")
+    if ns.cpus_per_worker <= 0:
+        raise ConfigError(f"--cpus-per-worker must be positive, got {ns.cpus_per_worker}")
+    if ns.max_failures < -1:
+        raise ConfigError(f"--max-failures must be -1 (no limit) or >= 0, got {ns.max_failures}")
+    if ns.report_every < 0:
+        raise ConfigError(f"--report-every must be >= 0, got {ns.report_every}")
+    if ns.num_cpus is not None and (ns.address is not None or ns.num_cpus < 1):
+        raise ConfigError("--num-cpus sizes the local cluster started without --address; pass a "
+                          "positive --num-cpus without --address, or drop it")
+    options = LaunchOptions(ns.strategy, ns.workers, ns.address, ns.num_cpus, ns.cpus_per_worker,
+                            ns.gpus_per_worker, ns.max_failures, ns.report_every,
+                            ns.skip_resource_check)
+    cfg = parse_config(trainer_args, options.prog, world_sizes=[options.workers])
+    if cfg.device == "cuda" and not options.gpus_per_worker:
+        raise ConfigError("--device cuda: the Ray workers get no GPU; pass --gpus-per-worker 1 "
+                          "before --")
+    run_dir = Path(cfg.output_dir).resolve()
+    cfg.output_dir = str(run_dir)
+    return options, cfg, [*trainer_args, "--output-dir", str(run_dir)]
+
+
+# An HTTP/2 client's opening: the connection preface and an empty SETTINGS frame.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def check_address(address: str, timeout: float = 5.0) -> None:
+    """ConfigError unless a gRPC server (as Ray's GCS and Ray Client are) answers at
+    ``address`` (HOST:PORT or ray://HOST:PORT) within ``timeout`` seconds; ``auto`` is left to
+    ``ray.init``. Without this, ``ray.init`` retries a wrong address for minutes."""
+    if address == "auto":
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address}: expected HOST:PORT of the Ray head (e.g. "
+                          "10.0.0.5:6379), ray://HOST:10001 or auto")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return  # a TLS server waits for our handshake: only the TCP check applies
+            sock.sendall(_HTTP2_PREFACE)
+            reply = sock.recv(9)
+    except TimeoutError:
+        reply = b""
+    except OSError as err:
+        raise ConfigError(
+            f"--address {address}: no Ray cluster answers there ({err.strerror or err}); start "
+            f"one with `ray start --head --port {port}`, pass its head's address, or drop "
+            "--address to start a local cluster") from None
+    if len(reply) < 4 or reply[3] != 4:  # a server's first HTTP/2 frame is its SETTINGS
+        raise ConfigError(
+            f"--address {address}: the service there is not a Ray cluster (no gRPC answer); "
+            "pass the head's GCS address (HOST:6379 by default; not the dashboard's 8265) or "
+            "ray://HOST:10001")
+
+
+def connect(options: LaunchOptions) -> None:
+    """Join the cluster at ``options.address`` or start a local one; ConfigError if none."""
+    import ray
+
+    if options.address is None:
+        ray.init(num_cpus=options.num_cpus, include_dashboard=False, log_to_driver=True)
+        return
+    check_address(options.address)
+    try:
+        ray.init(address=options.address, log_to_driver=True)
+    except (ConnectionError, TimeoutError, RuntimeError) as err:
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        raise ConfigError(f"--address {options.address}: could not join a Ray cluster there "
+                          f"({lines[0]}); pass the head's address (HOST:6379) or auto") from None
+
+
+def placeable_workers(nodes: Sequence[dict[str, Any]], cpus: float, gpus: int) -> int:
+    """How many workers needing ``cpus`` CPUs and ``gpus`` GPUs each the alive ``nodes`` (as
+    ``ray.nodes()`` lists them) can hold at once."""
+    total = 0
+    for node in nodes:
+        if not node.get("Alive", False):
+            continue
+        resources = node.get("Resources", {})
+        fits = math.floor(resources.get("CPU", 0) / cpus + 1e-9)
+        if gpus:
+            fits = min(fits, math.floor(resources.get("GPU", 0) / gpus + 1e-9))
+        total += fits
+    return total
+
+
+def check_resources(options: LaunchOptions, nodes: Sequence[dict[str, Any]]) -> None:
+    """ConfigError if the cluster's nodes cannot hold ``options.workers`` workers, which Ray
+    would otherwise wait for forever."""
+    fits = placeable_workers(nodes, options.cpus_per_worker, options.gpus_per_worker)
+    if fits >= options.workers:
+        return
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", False)]
+    cpus = sum(r.get("CPU", 0) for r in alive)
+    gpus = sum(r.get("GPU", 0) for r in alive)
+    need = f"{options.cpus_per_worker:g} CPU" + (f" and {options.gpus_per_worker} GPU"
+                                                if options.gpus_per_worker else "")
+    has = ", ".join(_count(n, what) for n, what in ((len(alive), "node"), (cpus, "CPU"),
+                                                     (gpus, "GPU")))
+    raise ConfigError(
+        f"--workers {options.workers} need {need} each, but the Ray cluster ({has}) can place "
+        f"only {fits}; pass --workers {fits} or fewer, lower --cpus-per-worker, add nodes, or "
+        "pass --skip-resource-check if the cluster autoscales")
+
+
+def _count(number: float, noun: str) -> str:
+    return f"{number:g} {noun}" + ("" if number == 1 else "s")
+
+
+def _count_attempt(run_dir: Path, token: str) -> int:
+    """Record an attempt of run ``token`` in ``run_dir``; return how many came before it."""
+    path = run_dir / ATTEMPTS_FILE
+    run_dir.mkdir(parents=True, exist_ok=True)
+    earlier = path.read_text().split().count(token) if path.exists() else 0
+    with open(path, "a") as f:
+        f.write(token + "\n")
+    return earlier
+
+
+def train_worker(config: dict[str, Any]) -> None:
+    """The function every Ray Train worker runs: parse, join Ray's process group, build, train.
+
+    ``config``: ``strategy``, the trainer ``argv``, ``report_every`` and the run ``token``
+    (counts restarts). Every rank calls ``ray.train.report`` at the same steps (checkpoint
+    steps and every ``report_every``-th); rank 0 attaches the committed checkpoint directory.
+    A restarted worker group resumes from the checkpoint Ray hands back.
+    """
+    import ray.train
+    import ray.train.torch
+    from ray.train import Checkpoint, CheckpointUploadMode
+
+    from trainers.distributed import init_distributed
+    from trainers.loop import train
+    from trainers.oom import explain_out_of_memory
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    module = importlib.import_module(STRATEGIES[config["strategy"]])
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    cfg = parse_config(config["argv"], module.PROG, world_sizes=[context.get_world_size()],
+                       check_paths=False)
+    reported = ray.train.get_checkpoint()
+    if reported is not None:
+        cfg.resume = reported.path
+    if rank == 0:
+        os.environ[RESTART_VAR] = str(_count_attempt(Path(cfg.output_dir), config["token"]))
+
+    every = config["report_every"]
+
+    def report(step: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+        if checkpoint is None and not (every and step % every == 0):
+            return
+        attach = Checkpoint.from_directory(str(checkpoint)) if checkpoint and rank == 0 else None
+        ray.train.report({"step": step, **metrics}, checkpoint=attach,
+                         checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+
+    device = ray.train.torch.get_device()
+    with init_distributed(cfg, device if device.type == "cuda" else None) as env, \
+            explain_out_of_memory(cfg, module.PROG, env.device):
+        train(cfg, env, module.build(cfg, env), on_step=report)
+
+
+def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) -> Any:
+    """Run the job on the connected cluster; return Ray's ``Result``."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    run_dir = Path(cfg.output_dir)
+    env_vars = {k: v for k, v in os.environ.items() if k.startswith("TRAINERS_")}
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config={"strategy": options.strategy, "argv": trainer_args,
+                           "report_every": options.report_every, "token": uuid.uuid4().hex},
+        scaling_config=ScalingConfig(
+            num_workers=options.workers, use_gpu=options.gpus_per_worker > 0,
+            resources_per_worker={"CPU": options.cpus_per_worker,
+                                  "GPU": options.gpus_per_worker}),
+        torch_config=TorchConfig(backend="nccl" if options.gpus_per_worker else "gloo"),
+        run_config=RunConfig(
+            name=run_dir.name, storage_path=str(run_dir.parent),
+            failure_config=FailureConfig(max_failures=options.max_failures),
+            # trainers.checkpoint keeps the newest --keep-checkpoints; Ray deletes none.
+            checkpoint_config=CheckpointConfig(num_to_keep=None),
+            worker_runtime_env={"env_vars": env_vars} if env_vars else None),
+    )
+    return trainer.fit()
+
+
+def _failure_line(err: BaseException, max_failures: int) -> str:
+    """The one line to show for a failed run: a worker's ConfigError as the trainer would
+    print it; else the first line of the failure of a rank whose process died (the others'
+    errors are their collectives breaking), or of the first rank that failed."""
+    failures: dict[int, BaseException] = dict(getattr(err, "worker_failures", None) or {})
+    for failure in failures.values():
+        cause: BaseException | None = failure
+        while cause is not None:
+            if isinstance(cause, ConfigError):
+                return str(cause)
+            cause = getattr(cause, "cause", None) or cause.__cause__
+    if not failures:
+        lines = str(err).strip().splitlines()
+        return f"training failed: {lines[-1] if lines else type(err).__name__}"
+    died = [rank for rank, failure in failures.items() if _process_died(failure)]
+    rank = min(died or failures)
+    lines = str(failures[rank]).strip().splitlines() or [type(failures[rank]).__name__]
+    hint = ("" if max_failures else "; pass --max-failures N to have Ray restart the workers "
+            "from the last checkpoint")
+    return f"training failed: rank {rank}: {lines[0].strip()}{hint}"
+
+
+def _process_died(failure: BaseException) -> bool:
+    """Whether ``failure`` is Ray's report of a worker process that is gone."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    return isinstance(failure, (ActorDiedError, ActorUnavailableError)) or \
+        isinstance(getattr(failure, "cause", None), (ActorDiedError, ActorUnavailableError))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    with exit_on_config_error(PROG):
+        options, cfg, trainer_args = parse_args(sys.argv[1:] if argv is None else argv)
+        try:
+            import ray
+            from ray.train import TrainingFailedError
+        except ImportError:
+            raise ConfigError("Ray Train is not installed; pip install -e '.[ray]' "
+                              "-c constraints/cpu.txt") from None
+        connect(options)
+        failure = ""
+        try:
+            if not options.skip_resource_check:
+                check_resources(options, ray.nodes())
+            result = launch(options, cfg, trainer_args)
+        except TrainingFailedError as err:
+            failure = _failure_line(err, options.max_failures)
+        finally:
+            ray.shutdown()  # first, so that no forwarded log line lands after ours
+        if failure:
+            sys.stderr.write(f"{PROG}: error: {failure}\n")
+            raise SystemExit(1)
+    checkpoint = result.checkpoint.path if result.checkpoint else None
+    metrics = result.metrics or {}
+    print(f"{PROG}: finished: step {metrics.get('step')}, loss {metrics.get('loss')}, "
+          f"checkpoint {checkpoint}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
