@@ -44,6 +44,15 @@ def run_trainer(args: list[str], nproc: int = 1, module: str = "trainers.ddp",
     return proc
 
 
+def torchx_cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m torchx.cli.main <args>`` in ``cwd`` with the tests' environment plus ``env``
+    (a process each time: TorchX's CLI keeps global argument state)."""
+    return subprocess.run([sys.executable, "-m", "torchx.cli.main", *args], cwd=cwd,
+                          env={**_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def losses(run_dir: Path) -> dict[int, float]:
     """Per-step training loss from a run's metrics.jsonl."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -9,8 +9,6 @@ for fetching them); core objects against the Kubernetes OpenAPI schema of
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO, torchx_cli
+
 K8S_DIR = REPO / "k8s"
 # The Kubernetes minor release the manifests are validated against (kind's node image in CI).
 KUBERNETES_VERSION = "1.33.0"
@@ -83,17 +82,6 @@ def manifests(directory: Path = K8S_DIR) -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
-def torchx_cli(args: list[str], cwd: Path = REPO,
-               home: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m torchx.cli.main <args>`` in ``cwd`` (a process: TorchX's CLI keeps global
-    argument state), with HOME set to ``home`` when given (no user .torchxconfig)."""
-    env = dict(os.environ)
-    if home is not None:
-        env["HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "torchx.cli.main", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
-
-
 def dryrun_args(component: str, j: str, trainer_args: tuple[str, ...], cfg: str = "",
                 path: Path | None = None) -> list[str]:
     """``run --dryrun -s kubernetes`` arguments for a component (``path``: its file)."""
@@ -105,7 +93,7 @@ def dryrun_args(component: str, j: str, trainer_args: tuple[str, ...], cfg: str 
 
 @cache
 def _render_text(component: str, j: str, trainer_args: tuple[str, ...], cfg: str) -> str:
-    proc = torchx_cli(dryrun_args(component, j, trainer_args, cfg))
+    proc = torchx_cli(*dryrun_args(component, j, trainer_args, cfg), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     marker = "=== SCHEDULER REQUEST ==="
     assert marker in proc.stdout, proc.stdout[-2000:]

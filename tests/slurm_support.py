@@ -11,7 +11,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 from torchx.specs import AppState
 
 from components.schedulers.slurm import create_scheduler
-from tests.conftest import REPO, _env
+from tests.conftest import REPO, torchx_cli
 
 TERMINAL = {AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED}
 
@@ -32,10 +31,8 @@ def trainer_args(*extra: str, steps: int = 30, batch_size: int = 16) -> list[str
 
 def torchx(*args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True,
            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m torchx.cli.main <args>`` in ``cwd``; raises on a non-zero exit if ``check``."""
-    proc = subprocess.run([sys.executable, "-m", "torchx.cli.main", *args], cwd=cwd,
-                          env={**_env(), **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    """:func:`tests.conftest.torchx_cli`, raising on a non-zero exit if ``check``."""
+    proc = torchx_cli(*args, cwd=cwd, env=env, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"torchx {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return proc

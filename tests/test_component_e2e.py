@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO, _env
+from tests.conftest import torchx_cli
 
 pytestmark = pytest.mark.slow
 
@@ -23,11 +21,9 @@ pytestmark = pytest.mark.slow
 ])
 def test_component_on_local_cwd(tmp_path, component, j, extra):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd",
-           f"components/{component}.py:{component}", "-j", j, "--",
-           "--model", "tiny", "--steps", "40", "--batch-size", "16", "--eval-every", "20",
-           "--output-dir", str(run_dir), *extra]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = torchx_cli("run", "-s", "local_cwd", f"components/{component}.py:{component}",
+                      "-j", j, "--", "--model", "tiny", "--steps", "40", "--batch-size", "16",
+                      "--eval-every", "20", "--output-dir", str(run_dir), *extra)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Job finished: SUCCEEDED" in proc.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -41,10 +37,8 @@ def test_component_on_local_cwd(tmp_path, component, j, extra):
 
 
 def test_component_with_bad_arguments_schedules_nothing(tmp_path):
-    cmd = [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd",
-           "components/ddp.py:ddp", "-j", "1x2", "--", "--batch-size", "15",
-           "--output-dir", str(tmp_path / "run")]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    proc = torchx_cli("run", "-s", "local_cwd", "components/ddp.py:ddp", "-j", "1x2", "--",
+                      "--batch-size", "15", "--output-dir", str(tmp_path / "run"), timeout=120)
     assert proc.returncode == 1
     assert ("trainers.ddp: --batch-size 15 is not divisible by --grad-accum 1 x data-parallel "
             "size 2; pass a multiple of 2") in proc.stderr

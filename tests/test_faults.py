@@ -8,14 +8,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.conftest import REPO, TINY, _env, losses, run_trainer
+from tests.conftest import TINY, losses, run_trainer, torchx_cli
 from trainers.checkpoint_files import find_checkpoints, verify
 from trainers.errors import ConfigError
 from trainers.faults import KillPoint, kill_point
@@ -44,10 +43,9 @@ def without(args: list[str], *options: str) -> list[str]:
 def run_component(component: str, run_dir: Path, extra: list[str], *options: str) -> str:
     """``torchx run -s local_cwd`` of ``component`` on 1x2; returns its stderr."""
     args = without(TINY, "--steps", "--resume")
-    cmd = [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd",
-           f"components/{component}.py:{component}", "-j", "1x2", *options, "--",
-           *args, *STEPS, *extra, "--output-dir", str(run_dir)]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = torchx_cli("run", "-s", "local_cwd", f"components/{component}.py:{component}",
+                      "-j", "1x2", *options, "--", *args, *STEPS, *extra,
+                      "--output-dir", str(run_dir))
     assert proc.returncode == 0 and "Job finished: SUCCEEDED" in proc.stderr, proc.stderr[-4000:]
     return proc.stderr
 

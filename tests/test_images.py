@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from components.containers import EngineError, find_engine, image_size, reference_error
-from tests.conftest import REPO, _env
+from tests.conftest import REPO, _env, torchx_cli
 from tests.volcano_local import pods, run_args, run_pods, scheduler_request
 
 IMAGE = os.environ.get("TORCHX_TEMPLATES_IMAGE", "torchx-templates:cpu")
@@ -39,12 +39,6 @@ DOCKERFILES = sorted((REPO / "images").glob("*.Dockerfile"))
 def _one_line_error(proc: subprocess.CompletedProcess[str], text: str) -> None:
     assert text in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-
-
-def _torchx(*args: str, env: dict[str, str] | None = None,
-            timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchx.cli.main", *args], cwd=REPO,
-                          env=env or _env(), capture_output=True, text=True, timeout=timeout)
 
 
 def _trained(summary_file: Path, world_size: int) -> None:
@@ -158,7 +152,7 @@ def test_build_without_docker_or_podman(tmp_path):
 
 
 def test_local_docker_refuses_an_invalid_image():
-    proc = _torchx("run", "-s", "local_docker", "--workspace", "", "components/ddp.py:ddp",
+    proc = torchx_cli("run", "-s", "local_docker", "--workspace", "", "components/ddp.py:ddp",
                    "--image", "TorchX Templates", "--", "--model", "tiny")
     assert proc.returncode == 1
     _one_line_error(proc, "local_docker: --image 'TorchX Templates' is not a valid image "
@@ -168,14 +162,14 @@ def test_local_docker_refuses_an_invalid_image():
 def test_local_docker_without_a_docker_api(tmp_path):
     env = _env()
     env["DOCKER_HOST"] = f"unix://{tmp_path}/docker.sock"
-    proc = _torchx("run", "-s", "local_docker", "--workspace", "", "components/ddp.py:ddp",
+    proc = torchx_cli("run", "-s", "local_docker", "--workspace", "", "components/ddp.py:ddp",
                    "--", "--model", "tiny", env=env)
     assert proc.returncode == 1
     _one_line_error(proc, f"local_docker: no Docker API at unix://{tmp_path}/docker.sock")
 
 
 def _render_kubernetes(*trainer_args: str) -> dict:
-    proc = _torchx("run", "--dryrun", "-s", "kubernetes", "-cfg", "queue=default",
+    proc = torchx_cli("run", "--dryrun", "-s", "kubernetes", "-cfg", "queue=default",
                    "--workspace", "", "components/ddp.py:ddp", "-j", "2x1", "--image", IMAGE,
                    *ONE_THREAD, "--", *trainer_args, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -285,7 +279,7 @@ def test_ddp_trainer_in_a_read_only_container(engine, tmp_path):
 
 @pytest.mark.slow
 def test_local_docker_refuses_an_image_that_is_not_built(docker_api):
-    proc = _torchx("run", "-s", "local_docker", "--workspace", "", "components/ddp.py:ddp",
+    proc = torchx_cli("run", "-s", "local_docker", "--workspace", "", "components/ddp.py:ddp",
                    "--image", "torchx-templates:never-built", "--", "--model", "tiny",
                    timeout=300)
     assert proc.returncode == 1
@@ -297,7 +291,7 @@ def test_local_docker_refuses_an_image_that_is_not_built(docker_api):
 @pytest.mark.parametrize("component", ["ddp", "fsdp"])
 def test_component_on_local_docker(docker_api, tmp_path, component):
     tmp_path.chmod(0o777)
-    proc = _torchx("run", "-s", "local_docker", "--workspace", "",
+    proc = torchx_cli("run", "-s", "local_docker", "--workspace", "",
                    f"components/{component}.py:{component}", "-j", "2x1", "--image", IMAGE,
                    *ONE_THREAD, "--mounts", f"type=bind,src={tmp_path},dst={OUTPUTS}", "--", *TRAIN)
     handle = (proc.stdout.strip().splitlines() or [""])[-1]  # local_docker://torchx/<app id>

@@ -10,7 +10,8 @@ from components.launch import ComponentArgumentError
 from components.schedulers import k8s_options as opt
 from components.schedulers.k8s_pod import PodOptions, check_fits, customize_pod
 from components.schedulers.kubernetes import KubernetesScheduler, create_scheduler
-from tests.k8s_support import REPO, dryrun_args, torchx_cli
+from tests.conftest import torchx_cli
+from tests.k8s_support import REPO, dryrun_args
 
 
 def test_kubernetes_entry_point_is_the_extended_scheduler():
@@ -148,7 +149,7 @@ BAD_INPUT = [
 def test_torchx_run_refuses_bad_input_in_one_line(tmp_path, cfg, options, start):
     args = dryrun_args("ddp", "2x2", ("--model", "tiny"), cfg, path=REPO / "components/ddp.py")
     args[args.index("-j"):args.index("-j")] = options
-    proc = torchx_cli(args, cwd=tmp_path, home=tmp_path)
+    proc = torchx_cli(*args, cwd=tmp_path, env={"HOME": str(tmp_path)}, timeout=120)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "=== SCHEDULER REQUEST ===" not in proc.stdout
     lines = proc.stderr.splitlines()
