@@ -243,12 +243,14 @@ class ExtendedSlurmScheduler(SlurmScheduler):
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]
                        ) -> AppDryRunInfo[SlurmBatchRequest]:
-        self._preflight(cfg, sum(role.num_replicas for role in app.roles))
         parent = cfg.get("job_dir")
+        image = app.roles[0].image
+        snapshot = (parent is not None and os.path.dirname(image) == os.path.abspath(parent)
+                    and os.path.isdir(image))
+        if not snapshot:  # a workspace snapshot ran the pre-flight before it was made
+            self._preflight(cfg, sum(role.num_replicas for role in app.roles))
         if parent is not None:
-            image = app.roles[0].image
-            inside = os.path.dirname(image) == os.path.abspath(parent)
-            cfg = {**cfg, "job_dir": image if inside and os.path.isdir(image)
+            cfg = {**cfg, "job_dir": image if snapshot
                    else self._new_job_dir(parent, app.roles[0].name)}
         info = super()._submit_dryrun(app, cfg)  # type: ignore[arg-type]
         for replica in info.request.replicas.values():
