@@ -259,9 +259,7 @@ def train_worker(config: dict[str, Any]) -> None:
     import ray.train.torch
     from ray.train import Checkpoint, CheckpointUploadMode
 
-    from trainers.distributed import init_distributed
-    from trainers.loop import train
-    from trainers.oom import explain_out_of_memory
+    from trainers.entry import train_in_group
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     module = importlib.import_module(STRATEGIES[config["strategy"]])
@@ -285,9 +283,8 @@ def train_worker(config: dict[str, Any]) -> None:
                          checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
 
     device = ray.train.torch.get_device()
-    with init_distributed(cfg, device if device.type == "cuda" else None) as env, \
-            explain_out_of_memory(cfg, module.PROG, env.device):
-        train(cfg, env, module.build(cfg, env), on_step=report)
+    train_in_group(cfg, module.PROG, module.build, device if device.type == "cuda" else None,
+                   report)
 
 
 def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) -> Any:
