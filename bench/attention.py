@@ -1,7 +1,7 @@
 """Attention memory and time, measured: ``python -m bench.attention``.
 
 Runs forward + backward of causal self-attention (batch 1, 8 heads, head dim 64, fp32) with
-the ``naive``, ``sdpa`` and ``tiled`` implementations of :mod:`trainers.attention` at
+the ``naive``, ``sdpa`` and ``tiled`` implementations of :mod:`trainers.core.attention` at
 sequence lengths 1k, 4k and 16k, in this process. For each it records
 
 - peak memory beyond the inputs (q, k, v and the upstream gradient), after forward and over
@@ -44,7 +44,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.distributed._tools.mem_tracker import MemTracker  # noqa: E402
 
 from bench.common import REPO, RESULTS_DIR, host_info, progress, write_json  # noqa: E402
-from trainers.attention import TILE, attention_fn  # noqa: E402
+from trainers.core.attention import TILE, attention_fn  # noqa: E402
 
 IMAGES = REPO / "docs" / "img"
 IMPLEMENTATIONS = ("sdpa", "naive", "tiled")  # sdpa first: the reference for the others

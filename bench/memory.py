@@ -3,7 +3,7 @@
 Trains the ``small`` model in one process (one thread) in a baseline configuration (fp32, no
 activation checkpointing) and in optimised ones (bf16 autocast; activation checkpointing;
 both), and measures for each the anatomy of a step (parameters, gradients, optimizer state,
-activations held at the end of forward; :func:`trainers.memory_probe.measure_step`) next to
+activations held at the end of forward; :func:`bench.memory_probe.measure_step`) next to
 the prediction of :mod:`trainers.memory`, and the median step time over timed steps outside
 the tracker. Reports each configuration's activation reduction and step-time cost against the
 baseline, writes ``bench/results/memory.json`` and draws ``docs/img/memory_anatomy.png``:
@@ -30,13 +30,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.common import REPO, RESULTS_DIR, THREADS, host_info, progress, write_json  # noqa: E402
-from trainers.config import parse_config  # noqa: E402
-from trainers.loop import build_optimizer  # noqa: E402
-from trainers.memory import STRATEGIES, Layout, predict  # noqa: E402
-from trainers.memory_probe import measure_step  # noqa: E402
-from trainers.model import build_model  # noqa: E402
-from trainers.parallelize import apply_activation_checkpointing  # noqa: E402
-from trainers.shapes import MODEL_SIZES  # noqa: E402
+from bench.memory_probe import measure_step  # noqa: E402
+from trainers.core.loop import build_optimizer  # noqa: E402
+from trainers.core.model import build_model  # noqa: E402
+from trainers.parallel.checkpointing import apply_activation_checkpointing  # noqa: E402
+from trainers.spec.config import parse_config  # noqa: E402
+from trainers.spec.memory import SHARDINGS, Layout, predict  # noqa: E402
+from trainers.spec.shapes import MODEL_SIZES  # noqa: E402
 
 CONFIGS = [("baseline: fp32", "fp32", False), ("bf16 autocast", "bf16", False),
            ("activation checkpointing", "fp32", True),
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           / config["measured"]["activations"])
         config["step_time_cost"] = config["step_s"] / base["step_s"] - 1
     predicted_1b = {s: dataclasses.asdict(predict(MODEL_SIZES["1b"], 1, 2048, "bf16", False,
-                                                  Layout(s, dp=8))) for s in STRATEGIES}
+                                                  Layout(s, dp=8))) for s in SHARDINGS}
     report = {"host": host_info(), "model": model_name, "threads": THREADS,
               "configs": configs, "predicted_1b": predicted_1b}
     name = "memory_quick" if args.quick else "memory"

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainers.data import MarkovChainDataset
-from trainers.model import build_model
-from trainers.shapes import MODEL_SIZES
+from trainers.core.data import MarkovChainDataset
+from trainers.core.model import build_model
+from trainers.spec.shapes import MODEL_SIZES
 
 
 def run(model_name: str, batch_size: int, seq_len: int, steps: int, seed: int = 1234,

@@ -35,7 +35,7 @@ from bench.common import (  # noqa: E402
     tool,
     write_json,
 )
-from trainers.pipeline_timeline import efficiency  # noqa: E402
+from trainers.parallel.pipeline_timeline import efficiency  # noqa: E402
 
 STAGES = 2
 IMAGES = REPO / "docs" / "img"

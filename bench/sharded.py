@@ -60,7 +60,7 @@ from bench.common import (  # noqa: E402
     run_streaming,
 )
 from bench.peak import measure_peak  # noqa: E402
-from trainers.shapes import MODEL_SIZES  # noqa: E402
+from trainers.spec.shapes import MODEL_SIZES  # noqa: E402
 
 NPROC = 2
 FP32 = 4  # bytes per parameter, gradient and AdamW moment (fp32 training)
@@ -155,12 +155,12 @@ def worker(variant: str, model: str, batch_size: int, train_samples: int, out: P
     """One rank of a memory measurement (run under torchrun); writes ``out.rank<R>.json``."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainers.config import parse_config
-    from trainers.data import BatchStream, MarkovChainDataset
+    from trainers.core.data import BatchStream, MarkovChainDataset
+    from trainers.core.distributed import init_distributed
+    from trainers.core.loop import Strategy, build_optimizer, prepare_model
     from trainers.ddp import DDPStrategy
-    from trainers.distributed import init_distributed
-    from trainers.loop import Strategy, build_optimizer, prepare_model
-    from trainers.parallelize import ShardedStrategy, apply_fsdp
+    from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
+    from trainers.spec.config import parse_config
 
     prog, reshard = MEMORY_VARIANTS[variant]
     argv = ["--model", model, "--batch-size", str(batch_size),
@@ -252,7 +252,7 @@ def shard_numels(model: str, nproc: int) -> dict[str, Any]:
     """Parameter shapes of ``model`` (built on the meta device) and the per-rank FSDP shard:
     FSDP2 splits dim 0 into ``nproc`` chunks of ceil(d0 / nproc) rows and pads every rank's
     shard to that size."""
-    from trainers.model import build_model
+    from trainers.core.model import build_model
 
     with torch.device("meta"):
         net = build_model(model)

@@ -56,7 +56,7 @@ from bench.common import (  # noqa: E402
     tool,
 )
 from bench.peak import measure_peak  # noqa: E402
-from trainers.shapes import MODEL_SIZES  # noqa: E402
+from trainers.spec.shapes import MODEL_SIZES  # noqa: E402
 
 FIRST_STEP = re.compile(r"\bstep\s+1/\d+")  # rank 0's line after step 1: "step 1/N | loss ..."
 

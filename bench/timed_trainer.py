@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainers import ddp
-from trainers.metrics import MetricsWriter
+from trainers.core.metrics import MetricsWriter
 
 
 def main() -> None:

@@ -32,4 +32,7 @@ def ddp(
     Args:
         script_args: trainer arguments, e.g. ``--model small --steps 200 --batch-size 64``
     """
-    return trainer_app("trainers.ddp", **locals())
+    return trainer_app("ddp", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
+                       memMB=memMB, h=h, env=env, max_retries=max_retries,
+                       rdzv_port=rdzv_port, mounts=mounts, check_paths=check_paths,
+                       device_memory_gb=device_memory_gb)

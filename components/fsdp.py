@@ -34,4 +34,7 @@ def fsdp(
     Args:
         script_args: trainer arguments, e.g. ``--model 1b --dtype bf16``
     """
-    return trainer_app("trainers.fsdp", **locals())
+    return trainer_app("fsdp", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
+                       memMB=memMB, h=h, env=env, max_retries=max_retries,
+                       rdzv_port=rdzv_port, mounts=mounts, check_paths=check_paths,
+                       device_memory_gb=device_memory_gb)

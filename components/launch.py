@@ -1,8 +1,10 @@
 """What every component shares: validate the trainer's arguments, then build on ``dist.ddp``.
 
-Validation uses the trainers' own parser (:func:`trainers.config.parse_config`) for every
-data-parallel size the job's node range allows, so a bad argument fails here, in one line,
-before anything is scheduled.
+Each component is one ``def`` (TorchX reads its signature and docstring) that passes its
+arguments to :func:`trainer_app` with the name of its trainer in the table of trainers
+(:mod:`trainers.spec.registry`). Validation uses the trainers' own parser
+(:func:`trainers.spec.config.parse_config`) for every data-parallel size the job's node range
+allows, so a bad argument fails here, in one line, before anything is scheduled.
 """
 
 from __future__ import annotations
@@ -13,23 +15,15 @@ from collections.abc import Callable
 from torchx import specs
 from torchx.components import dist
 from torchx.specs.api import macros
-from torchx.specs.finder import ComponentValidationException
 
-from trainers import faults
-from trainers.config import TrainConfig, parse_config
-from trainers.errors import ConfigError
-from trainers.plan import GIB, check_fits
+from components.errors import ComponentArgumentError
+from trainers.spec import faults, registry
+from trainers.spec.config import parse_config
+from trainers.spec.errors import ConfigError
+from trainers.spec.planner import GIB, check_fits
 
 # The image that container schedulers (kubernetes, local_docker) run; local_cwd ignores it.
 DEFAULT_IMAGE = "torchx-templates:cpu"
-
-
-class ComponentArgumentError(ComponentValidationException, ValueError):
-    """A component argument that cannot work; the message is one line naming the fix.
-
-    ``torchx run`` reports a ComponentValidationException as an error without a traceback
-    and exits 1 before scheduling anything.
-    """
 
 
 def node_range(j: str) -> tuple[int, int, int]:
@@ -126,9 +120,9 @@ def launch_options(component: Callable[..., specs.AppDef]) -> Callable[..., spec
 
 
 def trainer_app(
-    module: str,
-    *,
+    trainer: str,
     script_args: tuple[str, ...],
+    *,
     j: str,
     image: str,
     cpu: int,
@@ -141,18 +135,20 @@ def trainer_app(
     mounts: list[str] | None,
     check_paths: bool,
     device_memory_gb: float,
-    check: Callable[[TrainConfig, int], None] | None = None,
 ) -> specs.AppDef:
-    """The AppDef that runs ``python -m <module> <script_args>`` under torchrun via dist.ddp.
+    """The AppDef that runs trainer ``trainer`` (``python -m trainers.<trainer> <script_args>``)
+    under torchrun via dist.ddp.
 
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
-    ``check(cfg, nproc_per_node)`` adds a component's own checks, raising ConfigError; a
-    ``TRAINERS_KILL_AT`` in ``env`` is checked as the trainers will read it.
+    The trainer's placement check (its registry entry's ``check_placement``) sees the
+    processes and GPUs per node; a ``TRAINERS_KILL_AT`` in ``env`` is checked as the trainers
+    will read it.
     ``max_retries`` is both torchrun's in-place restarts and the scheduler's retries.
-    The memory pre-flight (:func:`trainers.plan.check_fits`) runs against ``device_memory_gb``
-    per rank, or on CPU-only jobs against the node's ``memMB`` shared by its processes; GPU
-    jobs without ``device_memory_gb`` (or with a named resource ``h``) are not checked.
+    The memory pre-flight (:func:`trainers.spec.planner.check_fits`) runs against
+    ``device_memory_gb`` per rank, or on CPU-only jobs against the node's ``memMB`` shared by
+    its processes; GPU jobs without ``device_memory_gb`` (or with a named resource ``h``) are
+    not checked.
     """
     min_nodes, max_nodes, nproc = node_range(j)
     args = list(script_args)
@@ -160,19 +156,20 @@ def trainer_app(
         args += ["--output-dir", f"outputs/{macros.app_id}"]
     world_sizes = [nodes * nproc for nodes in range(min_nodes, max_nodes + 1)]
     try:
-        cfg = parse_config(args, prog=module, world_sizes=world_sizes, check_paths=check_paths)
-        if check is not None:
-            check(cfg, nproc)
+        entry = registry.trainer(trainer)
+        cfg = parse_config(args, trainer, world_sizes=world_sizes, check_paths=check_paths)
+        if entry.check_placement is not None:
+            entry.check_placement(cfg, nproc, gpu)
         check_kill_point(env, world_sizes[-1])
         memory = (device_memory_gb * GIB if device_memory_gb > 0
                   else memMB * 2**20 / nproc if gpu == 0 and h is None else 0)
         if memory:
-            check_fits(cfg, module.rsplit(".", 1)[-1], world_sizes[0], nproc, min_nodes,
+            check_fits(cfg, trainer, world_sizes[0], nproc, min_nodes,
                        int(memory), "cuda" if gpu > 0 else "cpu")
     except ConfigError as err:
-        raise ComponentArgumentError(f"{module}: {err}") from None
+        raise ComponentArgumentError(f"trainers.{trainer}: {err}") from None
     check_launch_specs(h, mounts)
-    app = dist.ddp(*args, m=module, image=image, name=module.rsplit(".", 1)[-1], h=h,
+    app = dist.ddp(*args, m=entry.module, image=image, name=trainer, h=h,
                    cpu=cpu, gpu=gpu, memMB=memMB, j=j, env=env, max_retries=max_retries,
                    rdzv_port=rendezvous_port(rdzv_port, max_nodes), mounts=mounts)
     if max_retries:

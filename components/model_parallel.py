@@ -8,8 +8,6 @@ from typing import Dict, List, Optional
 from torchx import specs
 
 from components.launch import DEFAULT_IMAGE, launch_options, trainer_app
-from trainers.config import TrainConfig
-from trainers.errors import ConfigError
 
 
 @launch_options
@@ -39,17 +37,7 @@ def model_parallel(
     Args:
         script_args: trainer arguments, e.g. ``--devices cuda:0,cuda:1 --model 1b``
     """
-    return trainer_app("trainers.model_parallel", **locals(),
-                       check=lambda cfg, nproc: _check_placement(cfg, nproc, gpu))
-
-
-def _check_placement(cfg: TrainConfig, nproc_per_node: int, gpus: int) -> None:
-    """One process per node, and every listed GPU among the node's ``gpus``."""
-    if nproc_per_node != 1:
-        raise ConfigError(f"model_parallel runs one process per node over --devices; pass "
-                          f"-j <nodes>x1, not {nproc_per_node} processes per node")
-    needed = max((int(name[5:]) + 1 for name in cfg.devices.split(",")
-                  if name.startswith("cuda:")), default=0)
-    if needed > gpus:
-        raise ConfigError(f"--devices {cfg.devices} needs --gpu {needed} or more, not --gpu "
-                          f"{gpus}; pass --gpu {needed}")
+    return trainer_app("model_parallel", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
+                       memMB=memMB, h=h, env=env, max_retries=max_retries,
+                       rdzv_port=rdzv_port, mounts=mounts, check_paths=check_paths,
+                       device_memory_gb=device_memory_gb)

@@ -34,4 +34,7 @@ def pipeline(
     Args:
         script_args: trainer arguments, e.g. ``--pp 2 --schedule 1f1b --microbatches 8``
     """
-    return trainer_app("trainers.pipeline", **locals())
+    return trainer_app("pipeline", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
+                       memMB=memMB, h=h, env=env, max_retries=max_retries,
+                       rdzv_port=rdzv_port, mounts=mounts, check_paths=check_paths,
+                       device_memory_gb=device_memory_gb)

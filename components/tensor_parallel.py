@@ -39,4 +39,7 @@ def tensor_parallel(
     Args:
         script_args: trainer arguments, e.g. ``--tp 2 --sequence-parallel --model small``
     """
-    return trainer_app("trainers.tensor_parallel", **locals())
+    return trainer_app("tensor_parallel", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
+                       memMB=memMB, h=h, env=env, max_retries=max_retries,
+                       rdzv_port=rdzv_port, mounts=mounts, check_paths=check_paths,
+                       device_memory_gb=device_memory_gb)

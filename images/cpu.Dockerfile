@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # torchx-templates, CPU: the repository installed with the CPU build of torch; every component's
-# command (`torchrun ... -m trainers.<strategy>`) runs in it. Build with `images/build cpu`.
+# command (`torchrun ... -m trainers.<trainer>`) runs in it. Build with `images/build cpu`.
 #
 # Build arguments: BASE_IMAGE (any Debian bookworm image; CI makes one with debootstrap),
 # TORCH_SPEC and TORCH_INDEX_URL (where the CPU wheel comes from; empty: only images/wheels/ and

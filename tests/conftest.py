@@ -77,10 +77,10 @@ def single_process(tmp_path_factory) -> dict[int, float]:
 @pytest.fixture
 def world_of_one():
     """A process group of one in this process (what a trainer run without torchrun forms)."""
-    from trainers.config import parse_config
-    from trainers.distributed import init_distributed
+    from trainers.core.distributed import init_distributed
+    from trainers.spec.config import parse_config
 
-    with init_distributed(parse_config(["--device", "cpu"], "test")) as env:
+    with init_distributed(parse_config(["--device", "cpu"], "ddp")) as env:
         yield env
 
 

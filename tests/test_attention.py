@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from trainers.attention import (
+from trainers.core.attention import (
     ATTENTIONS,
     attention_fn,
     linear,
@@ -21,10 +21,10 @@ from trainers.attention import (
     sliding_window,
     tiled,
 )
-from trainers.config import TrainConfig, build_parser, parse_config
-from trainers.errors import ConfigError
-from trainers.model import Attention, build_model
-from trainers.shapes import MODEL_SIZES
+from trainers.core.model import Attention, build_model
+from trainers.spec.config import TrainConfig, build_parser, parse_config
+from trainers.spec.errors import ConfigError
+from trainers.spec.shapes import MODEL_SIZES
 
 TOL = {"atol": 1e-5, "rtol": 0.0}
 
@@ -193,12 +193,12 @@ def test_model_refuses_attention_dropout_it_cannot_apply():
 
 
 def parse(tmp_path, *args: str) -> TrainConfig:
-    return parse_config(["--output-dir", str(tmp_path / "run"), *args], "trainers.ddp",
+    return parse_config(["--output-dir", str(tmp_path / "run"), *args], "ddp",
                         world_sizes=[1])
 
 
 def test_config_offers_every_attention(tmp_path):
-    choices = {a.dest: a.choices for a in build_parser("trainers.ddp")._actions}
+    choices = {a.dest: a.choices for a in build_parser("ddp")._actions}
     assert tuple(choices["attention"]) == ATTENTIONS
     cfg = parse(tmp_path, "--attention", "sliding_window", "--attention-window", "32")
     assert (cfg.attention, cfg.attention_window) == ("sliding_window", 32)

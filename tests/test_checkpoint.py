@@ -9,33 +9,52 @@ import pytest
 import torch
 
 from tests.conftest import TINY, losses, run_trainer
-from trainers.checkpoint import Checkpointer, find_checkpoints, verify
-from trainers.config import parse_config
-from trainers.errors import ConfigError
-from trainers.model import build_model
+from trainers.core.checkpoint import (
+    Checkpointer,
+    ModelAndOptimizer,
+    Progress,
+    RankRNG,
+    find_checkpoints,
+    verify,
+)
+from trainers.core.model import build_model
+from trainers.spec.config import parse_config
+from trainers.spec.errors import ConfigError
 
 
 def _state(seed: int):
-    torch.manual_seed(seed)
-    model = build_model("tiny")
+    model = build_model("tiny", seed=seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randint(0, 256, (2, 8))).sum().backward()
     optimizer.step()
     return model, optimizer
 
 
+def _checkpointer(tmp_path, env, keep: int = 3, seed: int = 0):
+    """A checkpointer of a tiny model and optimizer, its step and this rank's RNG."""
+    model, optimizer = _state(seed)
+    progress = Progress()
+    ckpt = Checkpointer(tmp_path, keep, env, "tiny",
+                        state={"train": ModelAndOptimizer(model, optimizer), "progress": progress},
+                        rank_state={"rng": RankRNG()})
+    return ckpt, model, optimizer, progress
+
+
 def test_save_load_round_trip_and_keep_last_k(tmp_path, world_of_one):
-    model, optimizer = _state(0)
-    ckpt = Checkpointer(tmp_path, keep=2, env=world_of_one, model_name="tiny")
+    ckpt, model, optimizer, progress = _checkpointer(tmp_path, world_of_one, keep=2)
     for step in (1, 2, 3):
-        ckpt.save(step, model, optimizer, {"step": step, "data": {"epoch": 0, "samples": step}})
+        progress.step = step
+        ckpt.save(step)
+    saved_rng = torch.get_rng_state()
     assert [p.name for p in find_checkpoints(tmp_path)] == ["step_00000003", "step_00000002"]
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
 
-    other, other_opt = _state(1)
-    loop_state = {"step": 0, "data": {"epoch": 0, "samples": 0}}
-    ckpt.load(ckpt.choose("auto"), other, other_opt, loop_state)
-    assert loop_state == {"step": 3, "data": {"epoch": 0, "samples": 3}}
+    torch.rand(10)  # the RNG moves on; loading puts it back
+    other_ckpt, other, other_opt, other_progress = _checkpointer(tmp_path, world_of_one, seed=1)
+    assert not torch.equal(next(model.parameters()), next(other.parameters()))
+    other_ckpt.load(other_ckpt.choose("auto"))
+    assert other_progress.step == 3
+    assert torch.equal(torch.get_rng_state(), saved_rng)
     for a, b in zip(model.parameters(), other.parameters(), strict=True):
         assert torch.equal(a, b)
     exp_avg = optimizer.state[next(model.parameters())]["exp_avg"]
@@ -43,9 +62,8 @@ def test_save_load_round_trip_and_keep_last_k(tmp_path, world_of_one):
 
 
 def test_an_unfinished_save_is_ignored(tmp_path, world_of_one):
-    model, optimizer = _state(0)
-    ckpt = Checkpointer(tmp_path, keep=3, env=world_of_one, model_name="tiny")
-    ckpt.save(1, model, optimizer, {"step": 1})
+    ckpt = _checkpointer(tmp_path, world_of_one)[0]
+    ckpt.save(1)
     # A crash during the save of step 2 leaves only its temporary directory behind.
     partial = tmp_path / "checkpoints" / "step_00000002.tmp"
     shutil.copytree(tmp_path / "checkpoints" / "step_00000001", partial)
@@ -54,10 +72,9 @@ def test_an_unfinished_save_is_ignored(tmp_path, world_of_one):
 
 
 def test_corrupt_newest_falls_back_with_a_warning(tmp_path, world_of_one, caplog):
-    model, optimizer = _state(0)
-    ckpt = Checkpointer(tmp_path, keep=3, env=world_of_one, model_name="tiny")
+    ckpt = _checkpointer(tmp_path, world_of_one)[0]
     for step in (1, 2):
-        ckpt.save(step, model, optimizer, {"step": step})
+        ckpt.save(step)
     newest = tmp_path / "checkpoints" / "step_00000002"
     data_file = next(newest.glob("*.distcp"))
     raw = bytearray(data_file.read_bytes())
@@ -74,12 +91,11 @@ def test_corrupt_newest_falls_back_with_a_warning(tmp_path, world_of_one, caplog
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path, world_of_one):
-    model, optimizer = _state(0)
-    Checkpointer(tmp_path, 1, world_of_one, "tiny").save(1, model, optimizer, {"step": 1})
+    _checkpointer(tmp_path, world_of_one, keep=1)[0].save(1)
     for resume in ("auto", str(tmp_path / "checkpoints" / "step_00000001")):
         with pytest.raises(ConfigError, match="holds a --model tiny checkpoint, not small"):
             parse_config(["--model", "small", "--output-dir", str(tmp_path), "--resume", resume],
-                         "trainers.ddp", world_sizes=[1])
+                         "ddp", world_sizes=[1])
 
 
 def test_trainer_resumes_past_a_corrupt_checkpoint(tmp_path):

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 
 from components.ddp import ddp
-from components.launch import ComponentArgumentError
+from components.errors import ComponentArgumentError
 from tests.conftest import run_trainer
-from trainers.config import parse_config
-from trainers.errors import ConfigError
-from trainers.token_file import write_token_file
+from trainers.spec.config import parse_config
+from trainers.spec.errors import ConfigError
+from trainers.spec.token_file import write_token_file
 
 
 def parse(*args: str, dp: int = 1, tmp: Path | None = None):
     out = ["--output-dir", str(tmp / "run")] if tmp else []
-    return parse_config([*out, *args], "trainers.ddp", world_sizes=[dp])
+    return parse_config([*out, *args], "ddp", world_sizes=[dp])
 
 
 def test_defaults_are_valid(tmp_path):
@@ -76,7 +76,7 @@ def test_output_dir_that_cannot_be_written(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(ConfigError, match="is not a directory"):
-        parse_config(["--output-dir", str(blocker / "run")], "trainers.ddp", world_sizes=[1])
+        parse_config(["--output-dir", str(blocker / "run")], "ddp", world_sizes=[1])
 
 
 def test_resume_from_a_directory_without_checkpoints(tmp_path):
@@ -132,7 +132,7 @@ def test_component_keeps_a_given_output_dir():
 
 
 def parse_for(trainer: str, *args: str, world: int, tmp: Path):
-    return parse_config(["--output-dir", str(tmp / "run"), *args], f"trainers.{trainer}",
+    return parse_config(["--output-dir", str(tmp / "run"), *args], trainer,
                         world_sizes=[world])
 
 

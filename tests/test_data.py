@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import torch
 
-from trainers.data import BatchStream, MarkovChainDataset, TokenFileDataset, eval_batches
+from trainers.core.data import BatchStream, MarkovChainDataset, TokenFileDataset, eval_batches
 
 
 def test_synthetic_data_is_deterministic_and_seed_dependent():
@@ -91,7 +91,7 @@ def test_tokenize_script_round_trips_bytes(tmp_path):
     text = "hello, wörld\n" * 200
     source, target = tmp_path / "in.txt", tmp_path / "out.bin"
     source.write_text(text, encoding="utf-8")
-    out = subprocess.run([sys.executable, "-m", "trainers.tokenize", str(source), str(target)],
+    out = subprocess.run([sys.executable, "-m", "trainers.prepare_data", str(source), str(target)],
                          capture_output=True, text=True, check=True)
     assert f"wrote {len(text.encode()):,} tokens" in out.stdout
     train = TokenFileDataset(target, 32, "train", 0.1)
@@ -110,6 +110,6 @@ def test_tokenize_script_round_trips_bytes(tmp_path):
 def test_tokenize_rejects_empty_input(tmp_path):
     source = tmp_path / "empty.txt"
     source.write_text("")
-    proc = subprocess.run([sys.executable, "-m", "trainers.tokenize", str(source),
+    proc = subprocess.run([sys.executable, "-m", "trainers.prepare_data", str(source),
                            str(tmp_path / "o.bin")], capture_output=True, text=True)
     assert proc.returncode == 2 and "is empty" in proc.stderr

@@ -15,9 +15,9 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.conftest import TINY, losses, run_trainer, torchx_cli
-from trainers.checkpoint_files import find_checkpoints, verify
-from trainers.errors import ConfigError
-from trainers.faults import KillPoint, kill_point
+from trainers.spec.checkpoint_files import find_checkpoints, verify
+from trainers.spec.errors import ConfigError
+from trainers.spec.faults import KillPoint, kill_point
 
 STEPS = ["--steps", "10", "--checkpoint-every", "4", "--resume", "auto"]
 COMPONENTS = {

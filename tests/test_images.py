@@ -309,7 +309,7 @@ def test_component_on_local_docker(docker_api, tmp_path, component):
 def test_local_docker_reads_podman_container_states(status, state):
     from docker.models.containers import Container
 
-    from components.schedulers.docker import create_scheduler
+    from components.schedulers.local_docker import create_scheduler
 
     container = Container(attrs={"Id": "0" * 64, "State": {"Status": status}})
     assert create_scheduler("test")._get_app_state(container).name == state
@@ -323,7 +323,7 @@ def test_local_docker_reads_stopped_as_exited(docker_api, command, state):
     import docker
     from docker.models.containers import Container
 
-    from components.schedulers.docker import create_scheduler
+    from components.schedulers.local_docker import create_scheduler
 
     client = docker.from_env()
     real = client.containers.run(IMAGE, [command], detach=True)

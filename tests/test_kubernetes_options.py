@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from torchx import specs
 
-from components.launch import ComponentArgumentError
+from components.errors import ComponentArgumentError
 from components.schedulers import k8s_options as opt
 from components.schedulers.k8s_pod import PodOptions, check_fits, customize_pod
-from components.schedulers.kubernetes import KubernetesScheduler, create_scheduler
+from components.schedulers.kubernetes_volcano import KubernetesScheduler, create_scheduler
 from tests.conftest import torchx_cli
 from tests.k8s_support import REPO, dryrun_args
 

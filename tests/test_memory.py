@@ -10,14 +10,14 @@ import sys
 import pytest
 import torch
 
+from bench.memory_probe import measure_step
 from tests.conftest import REPO, _env
-from trainers.config import parse_config
-from trainers.loop import build_optimizer
-from trainers.memory import Layout, anatomy_table, predict
-from trainers.memory_probe import measure_step
-from trainers.model import build_model
-from trainers.parallelize import apply_activation_checkpointing
-from trainers.shapes import MODEL_SIZES
+from trainers.core.loop import build_optimizer
+from trainers.core.model import build_model
+from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.spec.config import parse_config
+from trainers.spec.memory import Layout, anatomy_table, predict
+from trainers.spec.shapes import MODEL_SIZES
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "gathered")
 
@@ -33,7 +33,7 @@ def assert_within(measured: dict[str, int], predicted: dict[str, int], rel: floa
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
-    cfg = parse_config(["--model", name], "trainers.ddp", world_sizes=[1], check_paths=False)
+    cfg = parse_config(["--model", name], "ddp", world_sizes=[1], check_paths=False)
     torch.manual_seed(0)
     model = build_model(name)
     if checkpointing:
@@ -104,8 +104,8 @@ def test_the_1b_table_comes_from_the_formulas():
     assert table in out.stdout
 
 
-def test_unknown_strategy_is_refused():
-    with pytest.raises(ValueError, match="unknown strategy 'zero4'"):
+def test_unknown_sharding_is_refused():
+    with pytest.raises(ValueError, match="unknown sharding 'zero4'"):
         Layout("zero4")
 
 
@@ -113,7 +113,7 @@ def test_unknown_strategy_is_refused():
 @pytest.mark.parametrize("attention, window", [("naive", 256), ("tiled", 256),
                                                ("sliding_window", 64), ("linear", 256)])
 def test_attention_implementations_match_the_formulas(name, seq, attention, window):
-    cfg = parse_config(["--model", name], "trainers.ddp", world_sizes=[1], check_paths=False)
+    cfg = parse_config(["--model", name], "ddp", world_sizes=[1], check_paths=False)
     torch.manual_seed(0)
     model = build_model(name, attention=attention, attention_window=window)
     optimizer = build_optimizer(model, cfg)

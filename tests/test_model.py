@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from trainers.model import Transformer, build_model
-from trainers.shapes import MODEL_SIZES
+from trainers.core.model import Transformer, build_model
+from trainers.spec.shapes import MODEL_SIZES
 
 
 def test_logits_shape_and_dtype():

@@ -10,14 +10,14 @@ import sys
 import pytest
 
 from components.ddp import ddp
+from components.errors import ComponentArgumentError
 from components.fsdp import fsdp
-from components.launch import ComponentArgumentError
 from components.pipeline import pipeline
 from tests.conftest import REPO, _env
-from trainers.config import parse_config
-from trainers.errors import ConfigError
-from trainers.plan import GIB, job_candidate, recommend
-from trainers.shapes import MODEL_SIZES
+from trainers.spec.config import parse_config
+from trainers.spec.errors import ConfigError
+from trainers.spec.planner import GIB, job_candidate, recommend
+from trainers.spec.shapes import MODEL_SIZES
 
 
 def test_a_model_that_fits_one_device_gets_ddp():
@@ -49,7 +49,7 @@ def test_nothing_fits_names_the_smallest_configuration():
 def test_gpipe_holds_more_micro_batches_than_1f1b():
     def job(schedule: str):
         cfg = parse_config(["--model", "small", "--pp", "2", "--schedule", schedule,
-                            "--microbatches", "8"], "trainers.pipeline", world_sizes=[2],
+                            "--microbatches", "8"], "pipeline", world_sizes=[2],
                            check_paths=False)
         return job_candidate(cfg, "pipeline", 2, "cpu")
 

@@ -27,10 +27,10 @@ import torch.distributed as dist
 
 from tests.conftest import REPO, TINY, _env, assert_close, losses, run_trainer
 from tests.test_faults import assert_same_run, without
-from trainers.config import parse_config
-from trainers.distributed import init_distributed
-from trainers.errors import ConfigError
+from trainers.core.distributed import init_distributed
 from trainers.ray_train import check_address, check_resources, parse_args, placeable_workers
+from trainers.spec.config import parse_config
+from trainers.spec.errors import ConfigError
 
 # 10 steps with checkpoints at 4 and 8 (and 10), so a kill at step 6 loses 2 steps.
 ARGS = [*without(TINY, "--steps", "--resume", "--batch-size"), "--batch-size", "16",
@@ -149,7 +149,7 @@ def test_two_workers_match_torchrun(tmp_path, ray_address, torchrun_runs, strate
     """2 Ray Train workers on the local cluster train exactly as torchrun's 2 ranks do; the
     last report carries step 10's metrics and its DCP checkpoint, where the loop wrote it."""
     run_dir = tmp_path / "ray"
-    out = _ok(run_ray(["--strategy", strategy, "--workers", "2", "--address", ray_address],
+    out = _ok(run_ray(["--trainer", strategy, "--workers", "2", "--address", ray_address],
                       [*ARGS, *STRATEGY_ARGS[strategy], "--output-dir", str(run_dir)]))
     got, expected = losses(run_dir), losses(torchrun_runs[strategy])
     assert_close(got, expected)
@@ -168,7 +168,7 @@ def test_killed_worker_is_restarted_by_ray_and_resumes(tmp_path, ray_address, to
     which resumes from the step-4 checkpoint it was handed and ends with the uninterrupted
     run's losses and weights."""
     run_dir = tmp_path / "faulted"
-    out = _ok(run_ray(["--strategy", "ddp", "--workers", "2", "--address", ray_address,
+    out = _ok(run_ray(["--trainer", "ddp", "--workers", "2", "--address", ray_address,
                        "--max-failures", "1"], [*ARGS, "--output-dir", str(run_dir)],
                       {"TRAINERS_KILL_AT": "1:6"}))
     assert "killing rank 1 at step 6" in out
@@ -182,7 +182,7 @@ def test_killed_worker_is_restarted_by_ray_and_resumes(tmp_path, ray_address, to
 def test_killed_worker_without_restarts_fails_in_one_line(tmp_path, ray_address):
     """Without --max-failures a lost worker ends the run: exit 1 and one error line, last."""
     run_dir = tmp_path / "run"
-    proc = run_ray(["--strategy", "ddp", "--workers", "2", "--address", ray_address],
+    proc = run_ray(["--trainer", "ddp", "--workers", "2", "--address", ray_address],
                    [*ARGS, "--output-dir", str(run_dir)], {"TRAINERS_KILL_AT": "1:2"})
     line = _one_line_error(proc, returncode=1)
     assert proc.stderr.strip().splitlines()[-1] == line
@@ -196,13 +196,13 @@ def test_killed_worker_without_restarts_fails_in_one_line(tmp_path, ray_address)
 @pytest.mark.slow
 def test_more_workers_than_the_cluster_holds_are_refused_at_once(tmp_path, ray_address):
     start = time.monotonic()
-    line = _one_line_error(run_ray(["--strategy", "ddp", "--workers", "3", "--address",
+    line = _one_line_error(run_ray(["--trainer", "ddp", "--workers", "3", "--address",
                                     ray_address], [*ARGS, "--batch-size", "24",
                                                    "--output-dir", str(tmp_path)], timeout=120))
     assert time.monotonic() - start < 60
     assert "--workers 3 need 1 CPU each, but the Ray cluster (1 node, 2 CPUs, 0 GPUs) can " \
            "place only 2; pass --workers 2 or fewer" in line
-    line = _one_line_error(run_ray(["--strategy", "ddp", "--workers", "2", "--gpus-per-worker",
+    line = _one_line_error(run_ray(["--trainer", "ddp", "--workers", "2", "--gpus-per-worker",
                                     "1", "--address", ray_address],
                                    [*ARGS, "--output-dir", str(tmp_path)], timeout=120))
     assert "need 1 CPU and 1 GPU each" in line and "can place only 0" in line
@@ -213,7 +213,7 @@ def test_local_cluster_is_started_and_checked_without_an_address(tmp_path):
     """Without --address the launcher starts its own cluster (1 CPU here), which cannot hold
     2 workers: refused in one line, and the cluster is gone afterwards."""
     _needs_ray()
-    line = _one_line_error(run_ray(["--strategy", "fsdp", "--workers", "2", "--num-cpus", "1"],
+    line = _one_line_error(run_ray(["--trainer", "fsdp", "--workers", "2", "--num-cpus", "1"],
                                    [*ARGS, "--output-dir", str(tmp_path)], timeout=120))
     assert "(1 node, 1 CPU, 0 GPUs) can place only 1" in line
 
@@ -221,7 +221,7 @@ def test_local_cluster_is_started_and_checked_without_an_address(tmp_path):
 def test_an_address_without_a_cluster_is_refused(tmp_path):
     _needs_ray()
     port = _free_port()
-    line = _one_line_error(run_ray(["--strategy", "ddp", "--workers", "2", "--address",
+    line = _one_line_error(run_ray(["--trainer", "ddp", "--workers", "2", "--address",
                                     f"127.0.0.1:{port}"], [*ARGS, "--output-dir", str(tmp_path)],
                                    timeout=60))
     assert line == (f"trainers.ray_train: error: --address 127.0.0.1:{port}: no Ray cluster "
@@ -244,7 +244,7 @@ def test_an_address_with_something_else_behind_it_is_refused(tmp_path):
                 break
             except OSError:
                 time.sleep(0.2)
-        line = _one_line_error(run_ray(["--strategy", "ddp", "--workers", "2", "--address",
+        line = _one_line_error(run_ray(["--trainer", "ddp", "--workers", "2", "--address",
                                         f"127.0.0.1:{port}"],
                                        [*ARGS, "--output-dir", str(tmp_path / "run")],
                                        timeout=60))
@@ -255,23 +255,23 @@ def test_an_address_with_something_else_behind_it_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("launcher, message", [
-    (["--strategy", "model_parallel", "--workers", "2"],
-     "--strategy model_parallel cannot run under Ray Train: it spreads one process's blocks over "
+    (["--trainer", "model_parallel", "--workers", "2"],
+     "--trainer model_parallel cannot run under Ray Train: it spreads one process's blocks over "
      "several devices, while Ray Train runs one process per device; run it with `torchx run "
      "components/model_parallel.py:model_parallel`"),
-    (["--strategy", "zero", "--workers", "2"],
-     "--strategy zero is not a trainer; pass ddp or fsdp or tensor_parallel or pipeline"),
-    (["--strategy", "ddp", "--workers", "0"], "--workers must be positive, got 0"),
-    (["--strategy", "ddp", "--workers", "2", "--max-failures", "-2"], "--max-failures must be -1"),
-    (["--strategy", "ddp", "--workers", "2", "--report-every", "-1"],
+    (["--trainer", "zero", "--workers", "2"],
+     "--trainer zero is not a trainer; pass ddp or fsdp or tensor_parallel or pipeline"),
+    (["--trainer", "ddp", "--workers", "0"], "--workers must be positive, got 0"),
+    (["--trainer", "ddp", "--workers", "2", "--max-failures", "-2"], "--max-failures must be -1"),
+    (["--trainer", "ddp", "--workers", "2", "--report-every", "-1"],
      "--report-every must be >= 0, got -1"),
-    (["--strategy", "ddp", "--workers", "2", "--address", "auto", "--num-cpus", "2"],
+    (["--trainer", "ddp", "--workers", "2", "--address", "auto", "--num-cpus", "2"],
      "--num-cpus sizes the local cluster"),
-    (["--strategy", "ddp", "--workers", "2", "--address", "nohost"],
+    (["--trainer", "ddp", "--workers", "2", "--address", "nohost"],
      "--address nohost: expected HOST:PORT"),
-    (["--strategy", "ddp", "--workers", "3"],
+    (["--trainer", "ddp", "--workers", "3"],
      "--batch-size 16 is not divisible by --grad-accum 1 x data-parallel size 3"),
-    (["--strategy", "ddp", "--workers", "2", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--trainer", "ddp", "--workers", "2", "--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_bad_launcher_input_is_one_line(tmp_path, launcher, message):
     """Refused before Ray is contacted (the address form is checked before connecting)."""
@@ -282,9 +282,9 @@ def test_bad_launcher_input_is_one_line(tmp_path, launcher, message):
 
 
 def test_trainer_arguments_are_parsed_for_the_workers(tmp_path):
-    options, cfg, argv = parse_args(["--strategy", "fsdp", "--workers", "2", "--",
+    options, cfg, argv = parse_args(["--trainer", "fsdp", "--workers", "2", "--",
                                      *ARGS, "--output-dir", "relative/run"])
-    assert (options.prog, options.workers, cfg.batch_size) == ("trainers.fsdp", 2, 16)
+    assert (options.trainer, options.workers, cfg.batch_size) == ("fsdp", 2, 16)
     assert Path(cfg.output_dir).is_absolute() and argv[-2:] == ["--output-dir", cfg.output_dir]
 
 
@@ -304,7 +304,7 @@ def test_placeable_workers(nodes, cpus, gpus, expected):
 
 
 def test_check_resources_passes_when_the_workers_fit(tmp_path):
-    options, _, _ = parse_args(["--strategy", "ddp", "--workers", "4", "--", *ARGS,
+    options, _, _ = parse_args(["--trainer", "ddp", "--workers", "4", "--", *ARGS,
                                 "--output-dir", str(tmp_path)])
     check_resources(options, [node(2), node(2)])
     with pytest.raises(ConfigError, match="2 nodes, 3 CPUs, 0 GPUs"):
@@ -315,12 +315,12 @@ def test_init_distributed_joins_a_group_it_did_not_form():
     """A launcher's group (here a world of one) is used as it is and left initialised."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        with init_distributed(parse_config(["--device", "cpu"], "test")) as env:
+        with init_distributed(parse_config(["--device", "cpu"], "ddp")) as env:
             assert (env.rank, env.world_size, env.backend, env.device.type) == (0, 1, "gloo",
                                                                                  "cpu")
         assert dist.is_initialized()
         with pytest.raises(ConfigError, match="the launcher's process group uses gloo"), \
-                init_distributed(parse_config(["--backend", "nccl"], "test")):
+                init_distributed(parse_config(["--backend", "nccl"], "ddp")):
             pass
     finally:
         dist.destroy_process_group()
@@ -329,11 +329,11 @@ def test_init_distributed_joins_a_group_it_did_not_form():
 def test_step_hook_sees_every_step_and_the_committed_checkpoints(tmp_path):
     """The loop's on_step hook gets each step's metrics and, at checkpoint steps, the
     directory the checkpoint was committed to."""
+    from trainers.core.loop import train
     from trainers.ddp import build
-    from trainers.loop import train
 
     cfg = parse_config([*without(TINY, "--steps"), "--steps", "5", "--checkpoint-every", "2",
-                        "--device", "cpu", "--output-dir", str(tmp_path)], "trainers.ddp")
+                        "--device", "cpu", "--output-dir", str(tmp_path)], "ddp")
     seen: list[tuple[int, float, Path | None]] = []
     with init_distributed(cfg) as env:
         train(cfg, env, build(cfg, env), on_step=lambda s, m, c: seen.append((s, m["loss"], c)))

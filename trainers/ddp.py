@@ -9,25 +9,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainers.config import TrainConfig
-from trainers.distributed import DistEnv
-from trainers.entry import run
-from trainers.loop import Strategy, prepare_model
-from trainers.parallelize import DDPStrategy, apply_activation_checkpointing
-
-PROG = "trainers.ddp"
+from trainers.core.distributed import DistEnv
+from trainers.core.entry import run
+from trainers.core.materialize import materialize
+from trainers.core.model import meta_model
+from trainers.core.strategy import Strategy
+from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.parallel.ddp import DDPStrategy
+from trainers.spec.config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     """The whole model on every rank, wrapped in DDP."""
-    model = prepare_model(cfg, env.device)
+    model = meta_model(cfg)
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(model)
+    materialize(model, env.device, cfg.seed)
     return DDPStrategy(model, env)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run(PROG, build, argv)
+    run("ddp", build, argv)
 
 
 if __name__ == "__main__":

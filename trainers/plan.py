@@ -1,223 +1,19 @@
 """Will it fit, and how to split it: ``python -m trainers.plan --model 7b --device-memory-gb 80``.
 
-The planner prices every configuration with :mod:`trainers.memory` and follows the decision
-guide: a model that fits one device trains fastest as DDP; when the batch does not fit, a
-smaller micro-batch with gradient accumulation, then activation checkpointing; when the model
-does not fit, FSDP (ZeRO-2, then ZeRO-3); when even that does not fit, tensor parallelism
-inside a node, then pipeline parallelism across nodes, data parallel over both. It prints the
-memory per rank of each and recommends the first that fits, with the micro-batch and the
-accumulation steps that reach the requested global batch. Components call :func:`check_fits`
-before scheduling a job. Plain Python without torch.
+Prints the memory per rank of each configuration the planner (:mod:`trainers.spec.planner`)
+prices, and the first of the decision guide's configurations that fits, as a ``torchx run``
+command.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-from trainers.config import OneLineParser, TrainConfig, exit_on_config_error
-from trainers.errors import ConfigError
-from trainers.memory import Anatomy, Layout, block_activation_bytes, precision, predict
-from trainers.shapes import MODEL_SIZES, ModelConfig
-
-GIB = 2**30
-# What a process holds besides the training state: the framework, kernels, CUDA context.
-RUNTIME_OVERHEAD = {"cuda": 1 * GIB, "cpu": GIB // 2}
-# A plan fills at most this share of a device: allocator fragmentation, communication buffers.
-USABLE = 0.9
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration and what it needs per rank."""
-
-    trainer: str
-    layout: Layout
-    checkpointing: bool
-    micro_batch: int
-    grad_accum: int
-    in_flight: int  # micro-batches whose activations one rank holds at once
-    anatomy: Anatomy
-    peak_bytes: int
-
-    def describe(self, batch: bool = True) -> str:
-        strategy = "" if self.trainer in ("ddp", "pipeline") else f" {self.layout.strategy}"
-        degrees = [f"{name} {value}" for name, value in
-                   (("dp", self.layout.dp), ("tp", self.layout.tp), ("pp", self.layout.pp))
-                   if value > 1]
-        text = self.trainer + strategy + (f" ({', '.join(degrees)})" if degrees else "")
-        if batch:
-            text += f", micro-batch {self.micro_batch} x {self.grad_accum} accumulation"
-        return text + (", activation checkpointing" if self.checkpointing else "")
-
-    def flags(self) -> str:
-        """The trainer flags that select this configuration."""
-        flags = [f"--grad-accum {self.grad_accum}"] if self.trainer != "pipeline" else []
-        if self.layout.tp > 1:
-            flags.append(f"--tp {self.layout.tp}")
-        if self.layout.pp > 1:
-            flags += [f"--pp {self.layout.pp}", f"--microbatches {self.grad_accum}"]
-        if self.layout.strategy == "zero2":
-            flags.append("--reshard-after-forward false")
-        if self.checkpointing:
-            flags.append("--activation-checkpointing")
-        return " ".join(flags)
-
-
-def peak_bytes(anatomy: Anatomy, shape: ModelConfig, micro_batch: int, seq: int, dtype: str,
-               checkpointing: bool, layout: Layout, in_flight: int, device: str) -> int:
-    """Per-rank peak: states, ``in_flight`` micro-batches of activations, the block that
-    activation checkpointing recomputes, and the runtime's own memory."""
-    recompute = (block_activation_bytes(shape, micro_batch, seq, precision(dtype, layout),
-                                        layout.tp) if checkpointing else 0)
-    return (anatomy.params + anatomy.grads + anatomy.optimizer + anatomy.gathered
-            + in_flight * anatomy.activations + recompute + RUNTIME_OVERHEAD[device])
-
-
-def _candidate(trainer: str, layout: Layout, shape: ModelConfig, seq: int, dtype: str,
-               checkpointing: bool, micro_batch: int, grad_accum: int, in_flight: int,
-               device: str) -> Candidate:
-    anatomy = predict(shape, micro_batch, seq, dtype, checkpointing, layout)
-    return Candidate(trainer, layout, checkpointing, micro_batch, grad_accum, in_flight, anatomy,
-                     peak_bytes(anatomy, shape, micro_batch, seq, dtype, checkpointing,
-                                layout, in_flight, device))
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def candidates(shape: ModelConfig, seq: int, global_batch: int, devices_per_node: int,
-               nodes: int, dtype: str, device: str) -> Iterator[Candidate]:
-    """Every configuration in the decision guide's order of preference, the largest
-    micro-batch first within each."""
-    world = devices_per_node * nodes
-    steps = []
-    for checkpointing in (False, True):
-        steps.append(("ddp", "ddp", 1, 1, checkpointing))
-    for strategy in ("zero2", "zero3"):
-        for checkpointing in (False, True):
-            steps.append(("fsdp", strategy, 1, 1, checkpointing))
-    tps = [t for t in _divisors(devices_per_node) if t > 1 and shape.n_heads % t == 0]
-    for tp in tps:
-        steps.append(("tensor_parallel", "zero3", tp, 1, True))
-    pps = [p for p in _divisors(nodes) if p > 1 and shape.n_layers % p == 0]
-    for pp in pps:
-        for tp in [1, *tps]:
-            steps.append(("pipeline", "ddp", tp, pp, True))
-    for trainer, strategy, tp, pp, checkpointing in steps:
-        dp = world // (tp * pp)
-        if global_batch % dp:
-            continue
-        per_replica = global_batch // dp
-        for micro in sorted(_divisors(per_replica), reverse=True):
-            accum = per_replica // micro
-            layout = Layout(strategy if dp > 1 or strategy == "ddp" else "ddp", dp=dp, tp=tp,
-                            pp=pp)
-            if trainer == "pipeline":
-                # 1F1B: the first stage holds up to pp micro-batches of size micro/accum.
-                if accum < pp:
-                    continue
-                yield _candidate(trainer, layout, shape, seq, dtype, checkpointing, micro, accum,
-                                 pp, device)
-            else:
-                yield _candidate(trainer, layout, shape, seq, dtype, checkpointing, micro, accum,
-                                 1, device)
-
-
-def recommend(shape: ModelConfig, seq: int, global_batch: int, devices_per_node: int,
-              nodes: int, device_memory: int, dtype: str, device: str) -> Candidate:
-    """The first configuration of the decision guide whose peak fits ``USABLE`` of
-    ``device_memory`` bytes.
-
-    Raises ConfigError naming the smallest configuration and what it would need otherwise.
-    """
-    smallest = None
-    for candidate in candidates(shape, seq, global_batch, devices_per_node, nodes, dtype,
-                                device):
-        if candidate.peak_bytes <= USABLE * device_memory:
-            return candidate
-        if smallest is None or candidate.peak_bytes < smallest.peak_bytes:
-            smallest = candidate
-    if smallest is None:
-        raise ConfigError(f"no configuration splits a global batch of {global_batch} over "
-                          f"{devices_per_node * nodes} devices; pick a batch divisible by them")
-    raise ConfigError(
-        f"no configuration fits {device_memory / GIB:.1f} GiB per device: the smallest, "
-        f"{smallest.describe()}, needs {smallest.peak_bytes / USABLE / GIB:.1f} GiB devices; use "
-        "devices with at least that much memory or more nodes")
-
-
-def job_candidate(cfg: TrainConfig, trainer: str, world: int, device: str) -> Candidate:
-    """What the job ``cfg`` of ``trainer`` on ``world`` ranks needs per rank."""
-    shape = dataclasses.replace(MODEL_SIZES[cfg.model], attention=cfg.attention,
-                                attention_window=cfg.attention_window)
-    dp = cfg.dp_size(world)
-    micro = cfg.micro_batch(dp)
-    strategy = {"ddp": "ddp", "model_parallel": "ddp", "pipeline": "ddp"}.get(
-        trainer, "zero3" if cfg.reshard_after_forward else "zero2")
-    if trainer == "tensor_parallel" and dp == 1:
-        strategy = "ddp"
-    pp = cfg.pp
-    if trainer == "model_parallel":  # blocks split over distinct devices; CPU places share one
-        pp = len(set(cfg.devices.split(","))) if cfg.devices != "auto" else 1
-    in_flight, accum = 1, cfg.grad_accum
-    if trainer == "pipeline":
-        in_flight = cfg.microbatches if cfg.schedule == "gpipe" else min(cfg.microbatches, pp)
-        accum = cfg.microbatches
-        micro //= cfg.microbatches
-    layout = Layout(strategy, dp=dp, tp=cfg.tp, pp=pp)
-    return _candidate(trainer, layout, shape, cfg.seq_len, cfg.dtype,
-                      cfg.activation_checkpointing, micro, accum, in_flight, device)
-
-
-def check_fits(cfg: TrainConfig, trainer: str, world: int, devices_per_node: int, nodes: int,
-               device_memory: int, device: str) -> None:
-    """Raise a one-line ConfigError when the job cannot fit ``device_memory`` bytes per rank,
-    naming a configuration that would (or the smallest device that would do)."""
-    job = job_candidate(cfg, trainer, world, device)
-    if job.peak_bytes <= USABLE * device_memory:
-        return
-    need = f"{job.peak_bytes / GIB:.1f} GiB per rank, devices have {device_memory / GIB:.1f}"
-    try:
-        better = recommend(MODEL_SIZES[cfg.model], cfg.seq_len, cfg.batch_size,
-                           devices_per_node, nodes, device_memory, cfg.dtype, device)
-    except ConfigError as err:
-        raise ConfigError(f"--model {cfg.model} needs {need}; {err}") from None
-    raise ConfigError(f"--model {cfg.model} needs {need}; try trainers.{better.trainer} "
-                      f"{better.flags()} ({better.peak_bytes / GIB:.1f} GiB)")
-
-
-def table(shape: ModelConfig, seq: int, dtype: str, devices: int, device: str) -> str:
-    """GiB per rank at micro-batch 1 for each strategy, as the planner prices them."""
-    lines = [f"{'configuration, micro-batch 1':44} {'states':>7} {'activ.':>7} {'peak':>7}"
-             "  (GiB per rank)"]
-    rows = [("ddp", Layout("ddp", dp=devices), False), ("ddp", Layout("ddp", dp=devices), True),
-            ("fsdp", Layout("zero2", dp=devices), False),
-            ("fsdp", Layout("zero3", dp=devices), False),
-            ("fsdp", Layout("zero3", dp=devices), True)]
-    for trainer, layout, checkpointing in rows:
-        c = _candidate(trainer, layout, shape, seq, dtype, checkpointing, 1, 1, 1, device)
-        states = c.anatomy.params + c.anatomy.grads + c.anatomy.optimizer + c.anatomy.gathered
-        lines.append(f"{c.describe(batch=False):44} {states / GIB:7.2f} "
-                     f"{c.anatomy.activations / GIB:7.2f} {c.peak_bytes / GIB:7.2f}")
-    return "\n".join(lines)
-
-
-def custom_shape(base: ModelConfig, layers: int, heads: int, hidden: int, vocab: int,
-                 context: int) -> ModelConfig:
-    """``base`` with the given sizes (0: keep base's); ConfigError for an impossible shape."""
-    sizes = {"n_layers": layers, "n_heads": heads, "d_model": hidden, "vocab_size": vocab,
-             "max_seq_len": context}
-    for name, value in sizes.items():
-        if value < 0:
-            raise ConfigError(f"--{name} must be positive, got {value}")
-    shape = dataclasses.replace(base, **{k: v for k, v in sizes.items() if v})
-    if shape.d_model % shape.n_heads:
-        raise ConfigError(f"--heads {shape.n_heads} does not divide the hidden size "
-                          f"{shape.d_model}; pick heads that divide it")
-    return shape
+from trainers.spec.config import OneLineParser, exit_on_config_error
+from trainers.spec.errors import ConfigError
+from trainers.spec.planner import GIB, custom_shape, recommend, table
+from trainers.spec.registry import TRAINERS
+from trainers.spec.shapes import MODEL_SIZES
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -252,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         best = recommend(shape, seq, args.global_batch, args.devices_per_node, args.nodes,
                          int(args.device_memory_gb * GIB), args.dtype, args.device)
     print(f"\nrecommended: {best.describe()}: {best.peak_bytes / GIB:.1f} GiB per rank")
-    print(f"  torchx run components/{best.trainer}.py:{best.trainer} -j "
+    print(f"  torchx run {TRAINERS[best.trainer].component} -j "
           f"{args.nodes}x{args.devices_per_node} -- --model {args.model} --batch-size "
           f"{args.global_batch} --dtype {args.dtype} {best.flags()}")
 

@@ -1,12 +1,12 @@
 """The trainers under Ray Train: ``python -m trainers.ray_train --help``.
 
-``python -m trainers.ray_train --strategy ddp --workers 2 [--address HOST:PORT] -- --model tiny``
+``python -m trainers.ray_train --trainer ddp --workers 2 [--address HOST:PORT] -- --model tiny``
 
 Ray Train's ``TorchTrainer`` starts one worker process per rank, places them on the cluster,
 forms the process group (gloo on CPU, nccl with ``--gpus-per-worker 1``) and, after a failure,
 restarts the whole worker group up to ``--max-failures`` times. Inside each worker the
-strategy's own ``build`` wraps the model and the shared loop trains, as under torchrun: the
-trainer joins Ray's process group (:func:`trainers.distributed.init_distributed`), and each
+trainer's own ``build`` wraps the model and the shared loop trains, as under torchrun: the
+trainer joins Ray's process group (:func:`trainers.core.distributed.init_distributed`), and each
 committed DCP checkpoint is reported with its step's metrics through ``ray.train.report`` as a
 ``ray.train.Checkpoint`` where it lies (no copy); ``--report-every K`` also reports the metrics
 of every K-th step. (Each report is a barrier that waits for Ray's controller, which collects
@@ -16,7 +16,7 @@ The run directory (``--output-dir``) is Ray's experiment directory, so it must b
 every node mounts; a restarted worker group resumes from the last reported checkpoint, and a
 rerun of the same command from the newest one.
 
-Strategies: ``ddp``, ``fsdp``, ``tensor_parallel`` and ``pipeline`` (each rank one process on
+Trainers: ``ddp``, ``fsdp``, ``tensor_parallel`` and ``pipeline`` (each rank one process on
 one device, as Ray places workers). ``model_parallel`` drives several devices from one process,
 which Ray's one-device-per-worker model does not fit: run it with TorchX or torchrun.
 
@@ -41,20 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.config import OneLineParser, TrainConfig, exit_on_config_error, parse_config
-from trainers.errors import ConfigError
+from trainers.spec.config import OneLineParser, TrainConfig, exit_on_config_error, parse_config
+from trainers.spec.errors import ConfigError
+from trainers.spec.registry import TRAINERS
 
 PROG = "trainers.ray_train"
-# The strategies served, by the module whose build() and PROG they use.
-STRATEGIES = {"ddp": "trainers.ddp", "fsdp": "trainers.fsdp",
-              "tensor_parallel": "trainers.tensor_parallel", "pipeline": "trainers.pipeline"}
-# The others, and why not (each message ends with what to use instead).
-NOT_SERVED = {
-    "model_parallel": "it spreads one process's blocks over several devices, while Ray Train runs "
-                      "one process per device; run it with `torchx run "
-                      "components/model_parallel.py:model_parallel` or `python -m "
-                      "trainers.model_parallel`",
-}
+# The trainers Ray Train runs: those whose registry entry has no reason it cannot.
+SERVED = [name for name, entry in TRAINERS.items() if entry.ray is None]
 RESTART_VAR = "TRAINERS_RAY_RESTART_COUNT"
 ATTEMPTS_FILE = "ray-attempts"
 
@@ -63,7 +56,7 @@ ATTEMPTS_FILE = "ray-attempts"
 class LaunchOptions:
     """The launcher's own options (before ``--``)."""
 
-    strategy: str
+    trainer: str
     workers: int
     address: str | None
     num_cpus: int | None
@@ -73,19 +66,14 @@ class LaunchOptions:
     report_every: int
     skip_resource_check: bool
 
-    @property
-    def prog(self) -> str:
-        """The trainer whose arguments follow ``--``, e.g. ``trainers.ddp``."""
-        return STRATEGIES[self.strategy]
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0],
-                           usage=f"python -m {PROG} --strategy ddp|fsdp --workers N [options] "
-                                 "-- <trainer options>",
+                           usage=f"python -m {PROG} --trainer {'|'.join(SERVED)} --workers N "
+                                 "[options] -- <trainer options>",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--strategy", required=True,
-                        help=f"trainer to run: {' or '.join(STRATEGIES)}")
+    parser.add_argument("--trainer", required=True,
+                        help=f"trainer to run: {' or '.join(SERVED)}")
     parser.add_argument("--workers", type=int, required=True, help="Ray Train workers (ranks)")
     parser.add_argument("--address", default=None,
                         help="Ray cluster to join: HOST:PORT of its head (GCS), ray://HOST:PORT, "
@@ -119,12 +107,11 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
     split = argv.index("--") if "--" in argv else len(argv)
     ns = build_parser().parse_args(argv[:split])
     trainer_args = argv[split + 1:]
-    if ns.strategy in NOT_SERVED:
-        raise ConfigError(f"--strategy {ns.strategy} cannot run under Ray Train: "
-                          f"{NOT_SERVED[ns.strategy]}")
-    if ns.strategy not in STRATEGIES:
-        raise ConfigError(f"--strategy {ns.strategy} is not a trainer; pass "
-                          + " or ".join(STRATEGIES))
+    if ns.trainer not in TRAINERS:
+        raise ConfigError(f"--trainer {ns.trainer} is not a trainer; pass " + " or ".join(SERVED))
+    if TRAINERS[ns.trainer].ray is not None:
+        raise ConfigError(f"--trainer {ns.trainer} cannot run under Ray Train: "
+                          f"{TRAINERS[ns.trainer].ray}")
     if ns.workers < 1:
         raise ConfigError(f"--workers must be positive, got {ns.workers}")
     if ns.cpus_per_worker <= 0:
@@ -136,10 +123,10 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
     if ns.num_cpus is not None and (ns.address is not None or ns.num_cpus < 1):
         raise ConfigError("--num-cpus sizes the local cluster started without --address; pass a "
                           "positive --num-cpus without --address, or drop it")
-    options = LaunchOptions(ns.strategy, ns.workers, ns.address, ns.num_cpus, ns.cpus_per_worker,
+    options = LaunchOptions(ns.trainer, ns.workers, ns.address, ns.num_cpus, ns.cpus_per_worker,
                             ns.gpus_per_worker, ns.max_failures, ns.report_every,
                             ns.skip_resource_check)
-    cfg = parse_config(trainer_args, options.prog, world_sizes=[options.workers])
+    cfg = parse_config(trainer_args, options.trainer, world_sizes=[options.workers])
     if cfg.device == "cuda" and not options.gpus_per_worker:
         raise ConfigError("--device cuda: the Ray workers get no GPU; pass --gpus-per-worker 1 "
                           "before --")
@@ -250,7 +237,7 @@ def _count_attempt(run_dir: Path, token: str) -> int:
 def train_worker(config: dict[str, Any]) -> None:
     """The function every Ray Train worker runs: parse, join Ray's process group, build, train.
 
-    ``config``: ``strategy``, the trainer ``argv``, ``report_every`` and the run ``token``
+    ``config``: ``trainer``, its ``argv``, ``report_every`` and the run ``token``
     (counts restarts). Every rank calls ``ray.train.report`` at the same steps (checkpoint
     steps and every ``report_every``-th); rank 0 attaches the committed checkpoint directory.
     A restarted worker group resumes from the checkpoint Ray hands back.
@@ -259,13 +246,14 @@ def train_worker(config: dict[str, Any]) -> None:
     import ray.train.torch
     from ray.train import Checkpoint, CheckpointUploadMode
 
-    from trainers.entry import train_in_group
+    from trainers.core.entry import train_in_group
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    module = importlib.import_module(STRATEGIES[config["strategy"]])
+    name = config["trainer"]
+    module = importlib.import_module(TRAINERS[name].module)
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    cfg = parse_config(config["argv"], module.PROG, world_sizes=[context.get_world_size()],
+    cfg = parse_config(config["argv"], name, world_sizes=[context.get_world_size()],
                        check_paths=False)
     reported = ray.train.get_checkpoint()
     if reported is not None:
@@ -283,7 +271,7 @@ def train_worker(config: dict[str, Any]) -> None:
                          checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
 
     device = ray.train.torch.get_device()
-    train_in_group(cfg, module.PROG, module.build, device if device.type == "cuda" else None,
+    train_in_group(cfg, name, module.build, device if device.type == "cuda" else None,
                    report)
 
 
@@ -296,7 +284,7 @@ def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) ->
     env_vars = {k: v for k, v in os.environ.items() if k.startswith("TRAINERS_")}
     trainer = TorchTrainer(
         train_worker,
-        train_loop_config={"strategy": options.strategy, "argv": trainer_args,
+        train_loop_config={"trainer": options.trainer, "argv": trainer_args,
                            "report_every": options.report_every, "token": uuid.uuid4().hex},
         scaling_config=ScalingConfig(
             num_workers=options.workers, use_gpu=options.gpus_per_worker > 0,
@@ -306,7 +294,7 @@ def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) ->
         run_config=RunConfig(
             name=run_dir.name, storage_path=str(run_dir.parent),
             failure_config=FailureConfig(max_failures=options.max_failures),
-            # trainers.checkpoint keeps the newest --keep-checkpoints; Ray deletes none.
+            # trainers.core.checkpoint keeps the newest --keep-checkpoints; Ray deletes none.
             checkpoint_config=CheckpointConfig(num_to_keep=None),
             worker_runtime_env={"env_vars": env_vars} if env_vars else None),
     )

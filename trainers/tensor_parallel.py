@@ -13,18 +13,15 @@ from collections.abc import Sequence
 
 from torch.distributed.device_mesh import init_device_mesh
 
-from trainers.config import TrainConfig
-from trainers.distributed import DistEnv
-from trainers.entry import run
-from trainers.loop import Strategy, prepare_model
-from trainers.parallelize import (
-    ShardedStrategy,
-    apply_activation_checkpointing,
-    apply_fsdp,
-    apply_tensor_parallel,
-)
-
-PROG = "trainers.tensor_parallel"
+from trainers.core.distributed import DistEnv
+from trainers.core.entry import run
+from trainers.core.materialize import materialize
+from trainers.core.model import meta_model
+from trainers.core.strategy import Strategy
+from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
+from trainers.parallel.tensor_parallel import apply_tensor_parallel
+from trainers.spec.config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
@@ -32,20 +29,22 @@ def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     than one group."""
     dp = cfg.dp_size(env.world_size)
     mesh = init_device_mesh(env.device.type, (dp, cfg.tp), mesh_dim_names=("dp", "tp"))
-    model = prepare_model(cfg, env.device)
+    model = meta_model(cfg)
     apply_tensor_parallel(model, mesh["tp"], cfg.sequence_parallel)
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(model)
     if dp == 1:
+        materialize(model, env.device, cfg.seed)
         return Strategy(model, dp_rank=0, dp_size=1)
     apply_fsdp(model, mesh["dp"], cfg.reshard_after_forward, cfg.dtype == "bf16",
                cfg.cpu_offload)
+    materialize(model, env.device, cfg.seed)
     return ShardedStrategy(model, dp_rank=mesh["dp"].get_local_rank(), dp_size=dp,
                            dp_group=mesh["dp"].get_group())
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run(PROG, build, argv)
+    run("tensor_parallel", build, argv)
 
 
 if __name__ == "__main__":

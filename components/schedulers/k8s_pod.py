@@ -14,7 +14,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.launch import ComponentArgumentError
+from components.errors import ComponentArgumentError
 from components.schedulers.k8s_options import NodeShape, SecretEnv, check_subdomain, parse_quantity
 
 # The image's layout (images/): the repository at WORKDIR, a numeric non-root user, its HOME.

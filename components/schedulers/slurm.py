@@ -37,7 +37,7 @@ from torchx.schedulers.slurm_scheduler import (
 )
 from torchx.specs import AppDef, AppState, CfgVal, ReplicaStatus, Role, RoleStatus, runopts
 
-from components.launch import ComponentArgumentError
+from components.errors import ComponentArgumentError
 
 # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds.

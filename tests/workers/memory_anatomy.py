@@ -18,27 +18,29 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from trainers.config import parse_config
-from trainers.distributed import DistEnv
-from trainers.loop import build_optimizer
-from trainers.memory import Layout, predict
-from trainers.memory_probe import measure_step
-from trainers.model import build_model
-from trainers.parallelize import DDPStrategy, apply_activation_checkpointing, apply_fsdp
+from bench.memory_probe import measure_step
+from trainers.core.distributed import DistEnv
+from trainers.core.loop import build_optimizer
+from trainers.core.model import build_model
+from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.parallel.ddp import DDPStrategy
+from trainers.parallel.fsdp import apply_fsdp
+from trainers.spec.config import parse_config
+from trainers.spec.memory import Layout, predict
 
 
-def measure_case(strategy: str, name: str, dtype: str, checkpointing: bool) -> dict:
+def measure_case(sharding: str, name: str, dtype: str, checkpointing: bool) -> dict:
     world, rank = dist.get_world_size(), dist.get_rank()
-    cfg = parse_config(["--model", name], "trainers.ddp", world_sizes=[world], check_paths=False)
+    cfg = parse_config(["--model", name], "ddp", world_sizes=[world], check_paths=False)
     torch.manual_seed(0)
     model = build_model(name)
     shape = model.cfg
     if checkpointing:
         apply_activation_checkpointing(model)
-    if strategy == "ddp":
+    if sharding == "ddp":
         model = DDPStrategy(model, DistEnv(rank, world, rank, torch.device("cpu"), "gloo")).model
     else:
-        apply_fsdp(model, init_device_mesh("cpu", (world,)), strategy == "zero3",
+        apply_fsdp(model, init_device_mesh("cpu", (world,)), sharding == "zero3",
                    bf16=dtype == "bf16", cpu_offload=False)
     optimizer = build_optimizer(model, cfg)
     batch, seq = 4, 64  # the shapes are the model's; a short sequence keeps it fast
@@ -46,18 +48,18 @@ def measure_case(strategy: str, name: str, dtype: str, checkpointing: bool) -> d
                                     generator=torch.Generator().manual_seed(rank))
     for _ in range(3):  # the optimizer state exists after one, DDP's buckets after two
         measured = measure_step(model, optimizer, inputs, targets, torch.autocast(
-            "cpu", dtype=torch.bfloat16, enabled=dtype == "bf16" and strategy == "ddp"))
-    predicted = predict(shape, batch, seq, dtype, checkpointing, Layout(strategy, dp=world))
-    return {"case": f"{strategy} {name} {dtype} ac={checkpointing}", "rank": rank,
+            "cpu", dtype=torch.bfloat16, enabled=dtype == "bf16" and sharding == "ddp"))
+    predicted = predict(shape, batch, seq, dtype, checkpointing, Layout(sharding, dp=world))
+    return {"case": f"{sharding} {name} {dtype} ac={checkpointing}", "rank": rank,
             "measured": dataclasses.asdict(measured), "predicted": dataclasses.asdict(predicted)}
 
 
 def main() -> None:
-    strategy, name = sys.argv[1], sys.argv[2]
+    sharding, name = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
     for dtype, checkpointing in itertools.product(("fp32", "bf16"), (False, True)):
         records = [None] * dist.get_world_size()
-        dist.all_gather_object(records, measure_case(strategy, name, dtype, checkpointing))
+        dist.all_gather_object(records, measure_case(sharding, name, dtype, checkpointing))
         if dist.get_rank() == 0:
             print("\n".join(json.dumps(r) for r in records), flush=True)
     dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """Under torchrun: a tensor-parallel model's outputs and gradients equal the unsharded model's.
 
 Every rank builds the same model twice (same seed), shards one with
-:func:`trainers.parallelize.apply_tensor_parallel` over all ranks, runs forward and backward on
+:func:`trainers.parallel.fsdp.apply_tensor_parallel` over all ranks, runs forward and backward on
 the same batch through both and compares the logits and every parameter's full gradient.
 Prints ``max relative difference`` and exits 1 if it exceeds 1e-5.
 """
@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from trainers.model import build_model
-from trainers.parallelize import apply_tensor_parallel
+from trainers.core.model import build_model
+from trainers.parallel.tensor_parallel import apply_tensor_parallel
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,7 +1,8 @@
 """The token file format: a 16-byte header, then little-endian uint16 token ids.
 
 Header: the magic ``TXTOKEN1`` (8 bytes), the vocabulary size (uint32), 4 reserved bytes.
-Written by ``python -m trainers.tokenize``, read by :class:`trainers.data.TokenFileDataset`.
+Written by ``python -m trainers.prepare_data``, read by
+:class:`trainers.core.data.TokenFileDataset`.
 Needs numpy only, so components can check a ``--data`` file without importing torch.
 """
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainers.errors import ConfigError
+from trainers.spec.errors import ConfigError
 
 TOKEN_FILE_MAGIC = b"TXTOKEN1"
 TOKEN_FILE_HEADER = 16
@@ -32,14 +33,14 @@ def read_header(path: Path) -> int:
     """The vocab size in ``path``'s header; ConfigError if it is no token file."""
     if not path.is_file():
         raise ConfigError(f"--data {path}: no such file; make one with "
-                          "`python -m trainers.tokenize TEXT_FILE OUT.bin` or use synthetic")
+                          "`python -m trainers.prepare_data TEXT_FILE OUT.bin` or use synthetic")
     with open(path, "rb") as f:
         header = f.read(TOKEN_FILE_HEADER)
     if not header:
         raise ConfigError(f"--data {path}: the file is empty; tokenize a non-empty text file")
     if len(header) < TOKEN_FILE_HEADER or header[:8] != TOKEN_FILE_MAGIC:
         raise ConfigError(f"--data {path}: not a token file; make one with "
-                          "`python -m trainers.tokenize TEXT_FILE OUT.bin`")
+                          "`python -m trainers.prepare_data TEXT_FILE OUT.bin`")
     return int(np.frombuffer(header[8:12], dtype="<u4")[0])
 
 

@@ -1,145 +1,36 @@
-"""The one training loop every strategy uses, and the :class:`Strategy` contract it runs on.
+"""The one training loop every strategy uses.
 
-A strategy (DDP, FSDP, ...) wraps the model and overrides only what differs: how gradient
-sync is suppressed on non-final micro-steps, how a step's forward and backward run, how the
-gradient norm is taken. The loop owns the rest: data, accumulation, clipping, AdamW with
-warm-up and cosine decay, autocast, evaluation, checkpoints, metrics and the summary.
+A strategy (:class:`trainers.core.strategy.Strategy`) supplies the model and what differs
+between parallelisms; the loop owns the rest: data, accumulation, clipping, AdamW with warm-up
+and cosine decay, autocast, evaluation, checkpoints, metrics and the summary.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from trainers.checkpoint import Checkpointer
-from trainers.config import TrainConfig
-from trainers.data import Batch, BatchStream, MarkovChainDataset, build_datasets, eval_batches
-from trainers.distributed import DistEnv
-from trainers.faults import kill_point, maybe_kill, restart_count
-from trainers.metrics import (
+from trainers.core.checkpoint import Checkpointer, ModelAndOptimizer, Progress, RankRNG
+from trainers.core.data import BatchStream, MarkovChainDataset, build_datasets, eval_batches
+from trainers.core.distributed import DistEnv
+from trainers.core.metrics import (
     MetricsWriter,
     format_line,
     measure_peak_flops,
     peak_memory_bytes,
     write_summary,
 )
-from trainers.model import Transformer, build_model
-from trainers.shapes import MODEL_SIZES
-
-
-def prepare_model(cfg: TrainConfig, device: torch.device) -> Transformer:
-    """The configured model on ``device``, identical on every rank (seeded from ``--seed``)."""
-    torch.manual_seed(cfg.seed)
-    return build_model(cfg.model, cfg.dropout, cfg.attention, cfg.attention_window).to(device)
-
-
-class Strategy:
-    """A parallelism strategy as the loop sees it; the default is plain single-replica training.
-
-    ``model`` is the (wrapped) module whose parameters are trained and checkpointed;
-    ``dp_rank``/``dp_size`` place this process among the data-parallel replicas and
-    ``dp_group`` is their process group (None: the default group).
-    """
-
-    def __init__(self, model: nn.Module, dp_rank: int, dp_size: int,
-                 dp_group: dist.ProcessGroup | None = None) -> None:
-        self.model = model
-        self.dp_rank = dp_rank
-        self.dp_size = dp_size
-        self.dp_group = dp_group
-
-    def no_sync(self) -> contextlib.AbstractContextManager[None]:
-        """Context in which backward does not synchronise gradients across replicas."""
-        return contextlib.nullcontext()
-
-    def autocast(self, dtype: str, device: torch.device) -> contextlib.AbstractContextManager:
-        """The compute-dtype context of forward passes: bf16 autocast when asked for."""
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
-
-    def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy of one micro-batch."""
-        logits = self.model(inputs)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.to(logits.device).flatten())
-
-    def forward_backward(self, micro_batches: Sequence[Batch],
-                         autocast: contextlib.AbstractContextManager[None]) -> torch.Tensor:
-        """Accumulate gradients of the step's mean loss; return that loss (local, detached).
-
-        Each micro-batch loss is scaled by 1/N; gradients synchronise only on the last one.
-        """
-        total = torch.zeros((), device=micro_batches[0][0].device)
-        count = len(micro_batches)
-        for index, (inputs, targets) in enumerate(micro_batches):
-            sync = contextlib.nullcontext() if index == count - 1 else self.no_sync()
-            with sync:
-                with autocast:
-                    loss = self.loss(inputs, targets)
-                (loss / count).backward()
-            total += loss.detach()
-        return total / count
-
-    @torch.no_grad()
-    def eval_loss(self, batches: Sequence[Batch],
-                  autocast: contextlib.AbstractContextManager[None]) -> torch.Tensor:
-        """Mean loss over ``batches`` (local) in eval mode."""
-        self.model.eval()
-        with autocast:
-            losses = [self.loss(inputs, targets) for inputs, targets in batches]
-        self.model.train()
-        return torch.stack(losses).mean()
-
-    def norm_grads(self) -> list[torch.Tensor]:
-        """The gradients whose norm is the model's: each parameter counted once."""
-        return [p.grad for p in self.model.parameters() if p.grad is not None]
-
-    def norm_group(self) -> dist.ProcessGroup | None:
-        """Ranks holding disjoint parts of the model whose squared norms add up (None: none)."""
-        return None
-
-    def clip_grad_norm(self, max_norm: float) -> float:
-        """Global gradient norm before clipping to ``max_norm`` (0: measure only).
-
-        Gradients may be local tensors or DTensors sharded over any mesh: each group of equal
-        placement is reduced to a full norm once, then summed over :meth:`norm_group`, so the
-        result is the norm of the whole unsharded gradient on every rank.
-        """
-        groups: dict[Any, list[torch.Tensor]] = {}
-        for grad in self.norm_grads():
-            key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
-            groups.setdefault(key, []).append(grad)
-        squares = torch.zeros((), dtype=torch.float32)
-        for grads in groups.values():
-            norm = nn.utils.get_total_norm(grads, foreach=True)
-            if isinstance(norm, DTensor):
-                norm = norm.full_tensor()
-            squares = squares.to(norm.device) + norm.float() ** 2
-        if self.norm_group() is not None:
-            dist.all_reduce(squares, group=self.norm_group())
-        total = squares.sqrt().item()
-        if max_norm and total > max_norm:
-            scale = max_norm / (total + 1e-6)
-            for param in self.model.parameters():
-                if param.grad is not None:
-                    param.grad.mul_(scale)
-        return total
-
-    def mean_over_replicas(self, value: torch.Tensor) -> float:
-        """``value`` averaged over the data-parallel replicas."""
-        if self.dp_size > 1:
-            value = value.clone()
-            dist.all_reduce(value, group=self.dp_group)
-            value /= self.dp_size
-        return value.item()
+from trainers.core.strategy import Strategy
+from trainers.spec.config import TrainConfig
+from trainers.spec.faults import kill_point, maybe_kill, restart_count
+from trainers.spec.shapes import MODEL_SIZES
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -190,16 +81,17 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     optimizer = build_optimizer(strategy.model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     kill_at = kill_point()
-    checkpointer = Checkpointer(run_dir, cfg.keep_checkpoints, env, cfg.model, kill_at)
-    loop_state: dict[str, Any] = {"step": 0, "data": stream.state_dict(),
-                                  "scheduler": scheduler.state_dict()}
+    progress = Progress()
+    checkpointer = Checkpointer(
+        run_dir, cfg.keep_checkpoints, env, cfg.model,
+        state={"train": ModelAndOptimizer(strategy.model, optimizer), "progress": progress,
+               "schedule": scheduler, "data": stream},
+        rank_state={"rng": RankRNG()}, kill_at=kill_at)
     torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout stream
     resume_from = checkpointer.choose(cfg.resume)
     if resume_from is not None:
-        checkpointer.load(resume_from, strategy.model, optimizer, loop_state)
-        stream.load_state_dict(loop_state["data"])
-        scheduler.load_state_dict(loop_state["scheduler"])
-    start_step = loop_state["step"]
+        checkpointer.load(resume_from)
+    start_step = progress.step
 
     writer = MetricsWriter(run_dir, env.is_main, cfg.tensorboard, start_step)
     if resume_from is not None:
@@ -242,10 +134,9 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
             writer.print(format_line(step, cfg.steps, metrics))
         maybe_kill(kill_at, "step", env.rank, step, run_dir)
         saved = None
+        progress.step = step
         if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
-            loop_state.update(step=step, data=stream.state_dict(),
-                              scheduler=scheduler.state_dict())
-            saved = checkpointer.save(step, strategy.model, optimizer, loop_state)
+            saved = checkpointer.save(step)
         if on_step is not None:
             on_step(step, metrics, saved)
     writer.close()

@@ -15,14 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.attention import attention_fn, sdpa
-from trainers.shapes import MODEL_SIZES, ModelConfig
+from trainers.core.attention import attention_fn, sdpa
+from trainers.core.materialize import materialize
+from trainers.spec.config import TrainConfig
+from trainers.spec.shapes import MODEL_SIZES, ModelConfig
 
 
 class Attention(nn.Module):
     """Causal multi-head self-attention; ``cfg.attention`` picks the implementation.
 
-    The implementations are in :mod:`trainers.attention`; the default, ``sdpa``, is
+    The implementations are in :mod:`trainers.core.attention`; the default, ``sdpa``, is
     ``scaled_dot_product_attention``. Attention dropout (``cfg.dropout``, in training) exists
     only for ``sdpa``: any other implementation with ``cfg.dropout > 0`` raises ValueError
     (the residual and MLP dropout would apply, the attention dropout silently not).
@@ -100,20 +102,29 @@ class Transformer(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight
-        self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 L)."""
-        for name, param in self.named_parameters():
-            if param.dim() < 2:
-                continue
-            std = 0.02
-            if name.endswith(("wo.weight", "down.weight")):
-                std /= (2 * self.cfg.n_layers) ** 0.5
-            nn.init.normal_(param, mean=0.0, std=std)
-        for module in self.modules():
-            if isinstance(module, nn.LayerNorm):
-                module.reset_parameters()
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+        """Keep the head tied to the embedding when a conversion replaces parameters (``to_empty``
+        from the meta device gives each module a new one)."""
+        super()._apply(fn, recurse)
+        if self.head is not None and self.tok_emb is not None:
+            self.head.weight = self.tok_emb.weight
+        return self
+
+    # Parameters that are another one under a second name (the tied head), by that name.
+    shared_parameters = {"head.weight": "tok_emb.weight"}
+
+    def init_parameter(self, name: str, value: torch.Tensor, generator: torch.Generator) -> None:
+        """Fill ``value``, the whole parameter ``name``, with its initial value (GPT-2's):
+        N(0, 0.02) for matrices and embeddings, residual projections scaled by 1/sqrt(2 L),
+        LayerNorm weights 1 and biases 0."""
+        if value.dim() < 2:
+            value.fill_(1.0 if name.endswith("weight") else 0.0)
+            return
+        std = 0.02
+        if name.endswith(("wo.weight", "down.weight")):
+            std /= (2 * self.cfg.n_layers) ** 0.5
+        value.normal_(mean=0.0, std=std, generator=generator)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token plus positional embeddings: ``(batch, seq)`` -> ``(batch, seq, d_model)``."""
@@ -129,12 +140,31 @@ class Transformer(nn.Module):
 
 
 def build_model(name: str, dropout: float = 0.0, attention: str = "sdpa",
-                attention_window: int = 256) -> Transformer:
+                attention_window: int = 256, seed: int | None = None,
+                device: torch.device | str = "cpu") -> Transformer:
     """The named size with ``dropout`` and the ``attention`` implementation (``attention_window``
-    keys per query for ``sliding_window``); initialised from the current torch seed.
+    keys per query for ``sliding_window``), built on the meta device and materialized on
+    ``device`` with the weights every trainer gives it for ``seed`` (default: the seed torch
+    was last seeded with); see :mod:`trainers.core.materialize`.
 
     Raises ValueError for an unknown attention, a window < 1, or dropout > 0 with an attention
     other than ``sdpa``.
     """
-    return Transformer(dataclasses.replace(MODEL_SIZES[name], dropout=dropout, attention=attention,
-                                           attention_window=attention_window))
+    model = build_meta_model(name, dropout, attention, attention_window)
+    materialize(model, torch.device(device),
+                torch.initial_seed() if seed is None else seed)
+    return model
+
+
+def meta_model(cfg: TrainConfig) -> Transformer:
+    """The model ``cfg`` configures, on the meta device (the trainers' starting point)."""
+    return build_meta_model(cfg.model, cfg.dropout, cfg.attention, cfg.attention_window)
+
+
+def build_meta_model(name: str, dropout: float = 0.0, attention: str = "sdpa",
+                     attention_window: int = 256) -> Transformer:
+    """The named size on the meta device: shapes only, no memory; see :func:`build_model`."""
+    with torch.device("meta"):
+        return Transformer(dataclasses.replace(MODEL_SIZES[name], dropout=dropout,
+                                               attention=attention,
+                                               attention_window=attention_window))

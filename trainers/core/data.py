@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainers.config import TrainConfig
-from trainers.errors import ConfigError
-from trainers.token_file import TOKEN_DTYPE, TOKEN_FILE_HEADER, read_header
+from trainers.spec.config import TrainConfig
+from trainers.spec.errors import ConfigError
+from trainers.spec.token_file import TOKEN_DTYPE, TOKEN_FILE_HEADER, read_header
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

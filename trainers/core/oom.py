@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 import torch
 
-from trainers.config import TrainConfig
-from trainers.plan import GIB, job_candidate
+from trainers.spec.config import TrainConfig
+from trainers.spec.planner import GIB, job_candidate
+from trainers.spec.registry import TRAINERS
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -19,11 +20,10 @@ def is_out_of_memory(err: BaseException) -> bool:
         isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
 
 
-def report(cfg: TrainConfig, prog: str, device: torch.device) -> str:
-    """The predicted anatomy of this job per rank, the memory the process reached and the next
-    things to try, in the decision guide's order."""
+def report(cfg: TrainConfig, trainer: str, device: torch.device) -> str:
+    """The predicted anatomy of this job of ``trainer`` per rank, the memory the process
+    reached and the next things to try, in the decision guide's order."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    trainer = prog.rsplit(".", 1)[-1]
     job = job_candidate(cfg, trainer, world, device.type)
     a = job.anatomy
     if device.type == "cuda":
@@ -40,12 +40,11 @@ def report(cfg: TrainConfig, prog: str, device: torch.device) -> str:
         tries.append("--activation-checkpointing")
     if cfg.dtype == "fp32":
         tries.append("--dtype bf16")
-    if trainer in ("ddp", "model_parallel"):
-        tries.append("trainers.fsdp (shards parameters, gradients and optimizer state)")
+    tries.extend(TRAINERS[trainer].oom_hints)
     tries.append(f"python -m trainers.plan --model {cfg.model} --global-batch {cfg.batch_size} "
                  "--device-memory-gb <GiB> for a configuration that fits")
-    lines = [f"{prog}: out of memory ({reached}). Predicted per rank for this job "
-             f"({job.describe()}):",
+    lines = [f"{TRAINERS[trainer].module}: out of memory ({reached}). Predicted per rank for "
+             f"this job ({job.describe()}):",
              f"  parameters {a.params / GIB:.2f} GiB, gradients {a.grads / GIB:.2f} GiB, "
              f"optimizer state {a.optimizer / GIB:.2f} GiB, activations "
              f"{job.in_flight * a.activations / GIB:.2f} GiB, gathered {a.gathered / GIB:.2f} GiB"
@@ -55,12 +54,13 @@ def report(cfg: TrainConfig, prog: str, device: torch.device) -> str:
 
 
 @contextlib.contextmanager
-def explain_out_of_memory(cfg: TrainConfig, prog: str, device: torch.device) -> Iterator[None]:
+def explain_out_of_memory(cfg: TrainConfig, trainer: str,
+                          device: torch.device) -> Iterator[None]:
     """Turn running out of memory inside into :func:`report` on stderr and exit status 1."""
     try:
         yield
     except (torch.OutOfMemoryError, RuntimeError) as err:
         if not is_out_of_memory(err):
             raise
-        sys.stderr.write(report(cfg, prog, device) + "\n")
+        sys.stderr.write(report(cfg, trainer, device) + "\n")
         raise SystemExit(1) from None

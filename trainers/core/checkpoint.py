@@ -1,8 +1,10 @@
 """Atomic, verified ``torch.distributed.checkpoint`` save and resume of a whole run.
 
-A checkpoint is ``<run>/checkpoints/step_<N>/``: the DCP files of the model and optimizer
-(sharded or not, so a checkpoint resumes at another world size), the loop state (step, LR
-schedule, data position) and each rank's RNG state. It is written as ``step_<N>.tmp`` and
+The run's state is registered once, as ``Stateful`` objects: the model and optimizer
+(:class:`ModelAndOptimizer`), the step (:class:`Progress`), the LR schedule and the data
+position, all saved through DCP (sharded or not, so a checkpoint resumes at another world
+size), and each rank's RNG (:class:`RankRNG`, restored at the same world size only).
+A checkpoint is ``<run>/checkpoints/step_<N>/``. It is written as ``step_<N>.tmp`` and
 renamed only after every rank finished and rank 0 wrote ``manifest.json`` (size and CRC-32 of
 every file), so a crash during a save never leaves a newest checkpoint that looks complete.
 Resume verifies the manifest and falls back, with a warning, past a corrupt checkpoint.
@@ -29,7 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from trainers.checkpoint_files import (
+from trainers.core.distributed import DistEnv
+from trainers.spec.checkpoint_files import (
     CHECKPOINTS,
     MANIFEST,
     PREFIX,
@@ -37,9 +40,8 @@ from trainers.checkpoint_files import (
     find_checkpoints,
     verify,
 )
-from trainers.distributed import DistEnv
-from trainers.errors import CheckpointWriteError, ConfigError
-from trainers.faults import KillPoint, maybe_kill
+from trainers.spec.errors import CheckpointWriteError, ConfigError
+from trainers.spec.faults import KillPoint, maybe_kill
 
 log = logging.getLogger(__name__)
 
@@ -48,21 +50,47 @@ log = logging.getLogger(__name__)
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-class _TrainState(Stateful):
-    """Model and optimizer through DCP's state-dict API, plus the loop's own state."""
+class ModelAndOptimizer(Stateful):
+    """Model and optimizer through DCP's state-dict API (sharded, keyed by parameter name)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 loop_state: dict[str, Any]) -> None:
-        self.model, self.optimizer, self.loop_state = model, optimizer, loop_state
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
-        return {"model": model_sd, "optim": optim_sd, "loop": self.loop_state}
+        return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=_OPTIONS)
-        self.loop_state.update(state["loop"])
+
+
+class Progress(Stateful):
+    """The optimizer steps a run has taken."""
+
+    def __init__(self, step: int = 0) -> None:
+        self.step = step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+class RankRNG(Stateful):
+    """This process's torch (and CUDA) RNG: dropout's stream, one per rank."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
 
 
 def _write_failure(err: BaseException, folder: Path) -> str:
@@ -81,24 +109,19 @@ def _write_failure(err: BaseException, folder: Path) -> str:
     return lines[-1].strip() if lines else type(err).__name__
 
 
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
 class Checkpointer:
-    """Saves and resumes the run in ``run_dir``, keeping the ``keep`` newest checkpoints."""
+    """Saves and resumes the run in ``run_dir``, keeping the ``keep`` newest checkpoints.
+
+    ``state`` maps names to the Stateful objects every checkpoint holds (saved through DCP,
+    the same on every rank or sharded); ``rank_state`` to those private to each rank (saved per
+    rank, restored only at the world size they were saved at).
+    """
 
     def __init__(self, run_dir: Path, keep: int, env: DistEnv, model_name: str,
+                 state: dict[str, Stateful], rank_state: dict[str, Stateful] | None = None,
                  kill_at: KillPoint | None = None) -> None:
+        self.state = state
+        self.rank_state = rank_state or {}
         self.run_dir = run_dir
         self.folder = run_dir / CHECKPOINTS
         self.keep = keep
@@ -106,9 +129,8 @@ class Checkpointer:
         self.model_name = model_name
         self.kill_at = kill_at
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-             loop_state: dict[str, Any]) -> Path:
-        """Write checkpoint ``step`` (collective: every rank calls it)."""
+    def save(self, step: int) -> Path:
+        """Write checkpoint ``step`` of the registered state (collective: every rank calls it)."""
         final = self.folder / f"{PREFIX}{step:08d}"
         tmp = final.with_name(final.name + ".tmp")
         if self.env.is_main:
@@ -117,8 +139,9 @@ class Checkpointer:
         dist.barrier()
         failure = ""
         try:
-            dcp.save({"train": _TrainState(model, optimizer, loop_state)}, checkpoint_id=tmp)
-            torch.save(_rng_state(), tmp / f"rng_rank{self.env.rank}.pt")
+            dcp.save(self.state, checkpoint_id=tmp)
+            torch.save({name: s.state_dict() for name, s in self.rank_state.items()},
+                       self._rank_file(tmp))
         except (OSError, RuntimeError, CheckpointException) as err:
             failure = _write_failure(err, self.folder)
         maybe_kill(self.kill_at, "save", self.env.rank, step, self.run_dir)
@@ -183,14 +206,19 @@ class Checkpointer:
         raise ConfigError(f"--resume {resume}: every checkpoint is corrupt (newest: "
                           f"{candidates[0]}); pass --resume none with a new --output-dir")
 
-    def load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-             loop_state: dict[str, Any]) -> None:
-        """Restore model, optimizer, ``loop_state`` and (same world size) this rank's RNG."""
-        dcp.load({"train": _TrainState(model, optimizer, loop_state)}, checkpoint_id=path)
-        rng_file = path / f"rng_rank{self.env.rank}.pt"
+    def _rank_file(self, checkpoint: Path) -> Path:
+        return checkpoint / f"rank_state{self.env.rank}.pt"
+
+    def load(self, path: Path) -> None:
+        """Restore the registered state from checkpoint ``path``; the per-rank state only if it
+        was saved at this world size."""
+        dcp.load(self.state, checkpoint_id=path)
+        rank_file = self._rank_file(path)
         saved_world = json.loads((path / MANIFEST).read_text())["world_size"]
-        if saved_world == self.env.world_size and rng_file.exists():
-            _set_rng_state(torch.load(rng_file, weights_only=True))
+        if saved_world == self.env.world_size and rank_file.exists():
+            saved = torch.load(rank_file, weights_only=True)
+            for name, stateful in self.rank_state.items():
+                stateful.load_state_dict(saved[name])
         elif self.env.is_main:
             log.warning("resuming %d ranks from a %d-rank checkpoint: RNG streams restart from "
                         "the seed", self.env.world_size, saved_world)

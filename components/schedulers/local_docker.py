@@ -23,7 +23,7 @@ from torchx.schedulers.api import AppDryRunInfo
 from torchx.specs import AppDef, AppState, Role
 
 from components.containers import reference_error
-from components.launch import ComponentArgumentError
+from components.errors import ComponentArgumentError
 
 if TYPE_CHECKING:
     from docker.models.containers import Container

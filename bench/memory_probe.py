@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 from torch.distributed.tensor import DTensor
 
-from trainers.memory import Anatomy
+from trainers.spec.memory import Anatomy
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:

@@ -17,8 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainers.config import TrainConfig
-from trainers.errors import ConfigError
+from trainers.spec.config import TrainConfig
+from trainers.spec.errors import ConfigError
 
 
 @dataclass(frozen=True)

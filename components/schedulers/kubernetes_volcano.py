@@ -24,7 +24,7 @@ from torchx.schedulers.kubernetes_scheduler import KubernetesScheduler as _Torch
 from torchx.specs import AppDef, runopts
 from torchx.specs.api import CfgVal
 
-from components.launch import ComponentArgumentError
+from components.errors import ComponentArgumentError
 from components.schedulers import k8s_options as opt
 from components.schedulers.k8s_pod import OUTPUTS_DIR, PodOptions, check_fits, customize_pod
 

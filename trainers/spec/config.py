@@ -3,7 +3,9 @@
 Every field of :class:`TrainConfig` is a ``--flag`` (underscores become dashes) whose help text
 is the field's ``help`` metadata. :func:`parse_config` is the single entry point used by the
 trainers (at start-up) and by the TorchX components (before anything is scheduled), so a bad
-argument gets the same one-line :class:`ConfigError` in both places.
+argument gets the same one-line :class:`ConfigError` in both places. What differs between
+trainers (the options they own, their own checks) comes from the table of trainers
+(:mod:`trainers.spec.registry`).
 """
 
 from __future__ import annotations
@@ -12,27 +14,23 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import re
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from trainers.checkpoint_files import find_checkpoints, saved_model
-from trainers.errors import ConfigError
-from trainers.shapes import MODEL_SIZES
-from trainers.token_file import check_token_file
+from trainers.spec.checkpoint_files import find_checkpoints, saved_model
+from trainers.spec.errors import ConfigError
+from trainers.spec.registry import SCHEDULE_STAGES, serving, trainer
+from trainers.spec.shapes import MODEL_SIZES
+from trainers.spec.token_file import check_token_file
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 
 
-# Pipeline schedules and the stages per rank each runs: one, or two or more (virtual stages).
-SCHEDULE_STAGES = {"gpipe": "one", "1f1b": "one", "interleaved1f1b": "several",
-                   "zerobubble": "several"}
-DEVICE_PATTERN = re.compile(r"^(cpu|cuda:\d+)$")
 
 @dataclass
 class TrainConfig:
@@ -48,7 +46,7 @@ class TrainConfig:
     attention_window: int = _opt(256, "keys each query sees under --attention sliding_window")
     # data
     data: str = _opt("synthetic", "'synthetic' (built-in Markov-chain data) or a token file "
-                     "made by `python -m trainers.tokenize`")
+                     "made by `python -m trainers.prepare_data`")
     train_samples: int = _opt(8192, "sequences in the synthetic training set")
     val_samples: int = _opt(512, "sequences in the synthetic validation set")
     val_fraction: float = _opt(0.05, "share of a token file held out for evaluation")
@@ -72,7 +70,7 @@ class TrainConfig:
                        choices=["auto", "cpu", "cuda"])
     backend: str = _opt("auto", "process-group backend: auto (nccl on cuda, else gloo), gloo, nccl",
                         choices=["auto", "gloo", "nccl"])
-    # parallelism (each option belongs to the trainers listed in TRAINER_OPTIONS)
+    # parallelism (each option belongs to the trainers whose registry entry lists it)
     tp: int = _opt(1, "tensor-parallel degree: ranks that split each block's matmuls")
     dp: int = _opt(0, "data-parallel degree (0: world size / (tp x pp)); dp x tp x pp must "
                    "equal the world size")
@@ -118,23 +116,6 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# Options that only some trainers serve, with the trainers that do; a non-default value
-# passed to another trainer is an error.
-TRAINER_OPTIONS: dict[str, tuple[str, ...]] = {
-    "tp": ("tensor_parallel",),
-    "dp": ("tensor_parallel", "pipeline"),
-    "sequence_parallel": ("tensor_parallel",),
-    "reshard_after_forward": ("fsdp", "tensor_parallel"),
-    "cpu_offload": ("fsdp",),
-    "pp": ("pipeline",),
-    "virtual_stages": ("pipeline",),
-    "schedule": ("pipeline",),
-    "microbatches": ("pipeline",),
-    "record_timeline": ("pipeline",),
-    "devices": ("model_parallel",),
-}
-
-
 def _str2bool(value: str) -> bool:
     lowered = value.lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -154,9 +135,11 @@ class OneLineParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def build_parser(prog: str) -> argparse.ArgumentParser:
-    """The parser for every :class:`TrainConfig` field, with ``--help`` from its metadata."""
-    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0],
+def build_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of trainer ``name``: every :class:`TrainConfig` field, with ``--help`` from
+    its metadata."""
+    entry = trainer(name)
+    parser = OneLineParser(prog=entry.module, description=f"{entry.module}: {entry.summary}",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     hints = get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
@@ -173,28 +156,31 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def validate(cfg: TrainConfig, world_sizes: Sequence[int], prog: str,
+def validate(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
              check_paths: bool = True) -> TrainConfig:
-    """Check ``cfg`` for ``prog`` at every world size the job may run at; fill derived fields.
+    """Check ``cfg`` for trainer ``name`` at every world size the job may run at; fill derived
+    fields.
 
     ``check_paths`` also checks the data file, the output directory and ``--resume`` on this
     machine (a component submitting to a cluster may not see them).
 
     Raises :class:`ConfigError` with a one-line message naming the fix.
     """
-    for name in ("steps", "batch_size", "grad_accum", "train_samples", "val_samples",
-                 "eval_batches", "log_every", "keep_checkpoints", "prefetch_factor"):
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, "
-                              f"got {getattr(cfg, name)}")
-    for name in ("seq_len", "warmup_steps", "eval_every", "checkpoint_every", "num_workers"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    for option in ("steps", "batch_size", "grad_accum", "train_samples", "val_samples",
+                   "eval_batches", "log_every", "keep_checkpoints", "prefetch_factor"):
+        if getattr(cfg, option) <= 0:
+            raise ConfigError(f"--{option.replace('_', '-')} must be positive, "
+                              f"got {getattr(cfg, option)}")
+    for option in ("seq_len", "warmup_steps", "eval_every", "checkpoint_every", "num_workers"):
+        if getattr(cfg, option) < 0:
+            raise ConfigError(f"--{option.replace('_', '-')} must be >= 0, "
+                              f"got {getattr(cfg, option)}")
     if cfg.lr <= 0:
         raise ConfigError(f"--lr must be positive, got {cfg.lr}")
-    for name in ("grad_clip", "weight_decay", "peak_tflops"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    for option in ("grad_clip", "weight_decay", "peak_tflops"):
+        if getattr(cfg, option) < 0:
+            raise ConfigError(f"--{option.replace('_', '-')} must be >= 0, "
+                              f"got {getattr(cfg, option)}")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
         raise ConfigError(f"--min-lr-ratio must be in [0, 1], got {cfg.min_lr_ratio}")
     if not 0.0 <= cfg.dropout < 1.0:
@@ -216,8 +202,11 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], prog: str,
                           f"of {context}; pass --seq-len <= {context}")
     if cfg.seq_len == 0:
         cfg.seq_len = context
-    _check_trainer_options(cfg, prog)
-    _check_tensor_parallel(cfg)
+    entry = trainer(name)
+    _check_trainer_options(cfg, name)
+    if cfg.tp < 1 or cfg.pp < 1 or cfg.dp < 0:
+        raise ConfigError(f"--tp and --pp must be >= 1 and --dp >= 0, got --tp {cfg.tp} "
+                          f"--pp {cfg.pp} --dp {cfg.dp}")
     if not world_sizes:
         raise ConfigError("no world size given")
     for world in world_sizes:
@@ -234,78 +223,24 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], prog: str,
             raise ConfigError(
                 f"--batch-size {cfg.batch_size} is not divisible by --grad-accum {cfg.grad_accum} "
                 f"x data-parallel size {dp}; pass a multiple of {cfg.grad_accum * dp}")
-    if prog.endswith(".pipeline"):
-        for world in world_sizes:
-            _check_pipeline(cfg, cfg.micro_batch(cfg.dp_size(world)))
-    if prog.endswith(".model_parallel"):
-        _check_devices(cfg.devices)
+        if entry.check is not None:
+            entry.check(cfg, world)
     if not cfg.output_dir:
-        cfg.output_dir = str(Path("outputs") / prog.rsplit(".", 1)[-1])
+        cfg.output_dir = str(Path("outputs") / name)
     if check_paths:
         _check_paths(cfg)
     return cfg
 
 
-def _check_trainer_options(cfg: TrainConfig, prog: str) -> None:
-    trainer = prog.rsplit(".", 1)[-1]
+def _check_trainer_options(cfg: TrainConfig, name: str) -> None:
+    """No option another trainer owns is set away from its default."""
     defaults = TrainConfig()
-    for name, trainers in TRAINER_OPTIONS.items():
-        if getattr(cfg, name) != getattr(defaults, name) and trainer not in trainers:
-            flag = "--" + name.replace("_", "-")
-            raise ConfigError(f"{flag} is not served by {prog}; use "
-                              + " or ".join(f"trainers.{t}" for t in trainers) + f" or drop {flag}")
-
-
-def _check_tensor_parallel(cfg: TrainConfig) -> None:
-    if cfg.tp < 1 or cfg.dp < 0:
-        raise ConfigError(f"--tp must be >= 1 and --dp >= 0, got --tp {cfg.tp} --dp {cfg.dp}")
-    shape = MODEL_SIZES[cfg.model]
-    for what, size in (("heads", shape.n_heads), ("hidden size", shape.d_model)):
-        if size % cfg.tp:
-            raise ConfigError(f"--tp {cfg.tp} does not divide the {cfg.model} model's {what} "
-                              f"({size}); pass a --tp that divides {size}")
-    if cfg.sequence_parallel and cfg.tp == 1:
-        raise ConfigError("--sequence-parallel needs --tp > 1")
-
-
-def _check_pipeline(cfg: TrainConfig, replica_batch: int) -> None:
-    """Degrees, schedule and micro-batches that torch.distributed.pipelining can run."""
-    if cfg.pp < 2:
-        raise ConfigError(f"--pp {cfg.pp}: a pipeline needs 2 or more stages ranks; pass --pp 2 "
-                          "or more, or use trainers.ddp")
-    if cfg.grad_accum != 1:
-        raise ConfigError("--grad-accum: under trainers.pipeline the micro-batches are "
-                          "--microbatches; pass --grad-accum 1")
-    several = SCHEDULE_STAGES[cfg.schedule] == "several"
-    if cfg.virtual_stages < 1 or several != (cfg.virtual_stages >= 2):
-        wanted = "--virtual-stages 2 or more" if several else "--virtual-stages 1"
-        runs = "several stages" if several else "one stage"
-        raise ConfigError(f"--schedule {cfg.schedule} runs {runs} per rank; pass {wanted}")
-    stages = cfg.pp * cfg.virtual_stages
-    blocks = MODEL_SIZES[cfg.model].n_layers
-    if blocks % stages:
-        raise ConfigError(f"--pp {cfg.pp} x --virtual-stages {cfg.virtual_stages} = {stages} "
-                          f"stages do not divide the {cfg.model} model's {blocks} blocks; pick "
-                          "degrees whose product divides them")
-    if cfg.microbatches < 1 or replica_batch % cfg.microbatches:
-        raise ConfigError(f"each pipeline's batch of {replica_batch} sequences does not split "
-                          f"into --microbatches {cfg.microbatches}; pass a divisor of it")
-    if cfg.schedule == "1f1b" and cfg.microbatches < cfg.pp:
-        raise ConfigError(f"--schedule 1f1b needs --microbatches >= --pp ({cfg.pp}), got "
-                          f"{cfg.microbatches}; pass more micro-batches or --schedule gpipe")
-    rounds = max(1, cfg.microbatches // cfg.pp)
-    if several and cfg.microbatches % rounds:
-        raise ConfigError(f"--schedule {cfg.schedule} needs --microbatches a multiple of "
-                          f"{rounds} (micro-batches // pp); pass e.g. {cfg.pp * rounds}")
-
-
-def _check_devices(spec: str) -> None:
-    if spec == "auto":
-        return
-    for name in spec.split(","):
-        if not DEVICE_PATTERN.match(name):
-            raise ConfigError(f"--devices {spec}: {name!r} is not a device; list cpu or cuda:N "
-                              "entries, e.g. cuda:0,cuda:1")
+    for f in dataclasses.fields(TrainConfig):
+        owners = serving(f.name)
+        if owners and name not in owners and getattr(cfg, f.name) != getattr(defaults, f.name):
+            flag = "--" + f.name.replace("_", "-")
+            raise ConfigError(f"{flag} is not served by trainers.{name}; use "
+                              + " or ".join(f"trainers.{t}" for t in owners) + f" or drop {flag}")
 
 
 def _check_paths(cfg: TrainConfig) -> None:
@@ -340,19 +275,20 @@ def _check_writable(path: Path) -> None:
         raise ConfigError(f"--output-dir {path}: {probe} is not writable; pass a writable path")
 
 
-def parse_config(argv: Sequence[str] | None, prog: str,
+def parse_config(argv: Sequence[str] | None, name: str,
                  world_sizes: Sequence[int] | None = None,
                  check_paths: bool = True) -> TrainConfig:
-    """Parse and validate the arguments of trainer ``prog`` (e.g. ``trainers.fsdp``).
+    """Parse and validate the arguments of trainer ``name`` (an entry of the table of
+    trainers, e.g. ``fsdp``).
 
     ``world_sizes`` lists the numbers of ranks the job may run at (a component passes every
     size its node range allows); by default it is this process's ``WORLD_SIZE``.
     """
-    namespace = build_parser(prog).parse_args(list(sys.argv[1:] if argv is None else argv))
+    namespace = build_parser(name).parse_args(list(sys.argv[1:] if argv is None else argv))
     cfg = TrainConfig(**vars(namespace))
     if world_sizes is None:
         world_sizes = [int(os.environ.get("WORLD_SIZE", "1"))]
-    return validate(cfg, world_sizes, prog, check_paths)
+    return validate(cfg, world_sizes, name, check_paths)
 
 
 @contextlib.contextmanager
@@ -365,7 +301,7 @@ def exit_on_config_error(prog: str) -> Iterator[None]:
         raise SystemExit(2) from None
 
 
-def parse_or_exit(argv: Sequence[str] | None, prog: str) -> TrainConfig:
+def parse_or_exit(argv: Sequence[str] | None, name: str) -> TrainConfig:
     """:func:`parse_config` for a trainer's ``main``: a bad argument exits 2 with one line."""
-    with exit_on_config_error(prog):
-        return parse_config(argv, prog)
+    with exit_on_config_error(trainer(name).module):
+        return parse_config(argv, name)

@@ -1,0 +1,60 @@
+"""Every component is one ``def`` that hands all of its arguments to the shared launcher."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import types
+import typing
+
+import pytest
+
+from components import launch
+from tests.conftest import REPO
+from trainers.spec.registry import TRAINERS
+
+
+def _launcher_parameters() -> list[inspect.Parameter]:
+    return [p for p in inspect.signature(launch.trainer_app).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def _hints(function: typing.Callable) -> dict[str, typing.Any]:
+    """Annotations by parameter, with ``Optional[Dict[...]]`` (which TorchX's component linter
+    needs) and ``dict[...] | None`` made alike."""
+    def normal(hint: typing.Any) -> typing.Any:
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            return frozenset(normal(a) for a in args)
+        if args:
+            return typing.get_origin(hint), tuple(normal(a) for a in args)
+        return hint
+
+    return {k: normal(v) for k, v in typing.get_type_hints(function).items()}
+
+
+@pytest.mark.parametrize("name", list(TRAINERS))
+def test_the_signature_is_the_launchers(name: str):
+    component = getattr(importlib.import_module(f"components.{name}"), name)
+    params = list(inspect.signature(component).parameters.values())
+    assert params[0].kind is inspect.Parameter.VAR_POSITIONAL
+    launcher = _launcher_parameters()
+    assert [p.name for p in params[1:]] == [p.name for p in launcher]
+    hints, launcher_hints = _hints(component), _hints(launch.trainer_app)
+    for param in params[1:]:
+        assert hints[param.name] == launcher_hints[param.name], param.name
+    for line_start in (f"        {p.name}: " for p in launcher):  # documented for --help
+        assert line_start in launch.LAUNCH_ARGS
+
+
+@pytest.mark.parametrize("name", list(TRAINERS))
+def test_every_argument_reaches_the_launcher(name: str):
+    """The body is ``return trainer_app("<name>", script_args, <param>=<param>, ...)``."""
+    tree = ast.parse((REPO / "components" / f"{name}.py").read_text())
+    function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    call = function.body[-1].value
+    assert isinstance(call, ast.Call) and call.func.id == "trainer_app"
+    assert [ast.literal_eval(call.args[0]), call.args[1].id] == [name, "script_args"]
+    passed = {k.arg: k.value.id for k in call.keywords}
+    assert passed == {p.name: p.name for p in _launcher_parameters()}

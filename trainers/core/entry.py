@@ -1,0 +1,40 @@
+"""What every trainer's ``main`` does: parse, join the process group, build, train.
+
+A trainer supplies only ``build(cfg, env) -> Strategy``: its mesh, and its parallelism applied
+to the model built on the meta device. Bad arguments and errors found while starting exit with
+one line; running out of memory prints the anatomy of the job and what to try next.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+
+from trainers.core.distributed import DistEnv, init_distributed
+from trainers.core.loop import StepHook, train
+from trainers.core.oom import explain_out_of_memory
+from trainers.core.strategy import Strategy
+from trainers.spec.config import TrainConfig, exit_on_config_error, parse_or_exit
+from trainers.spec.registry import trainer
+
+StrategyBuilder = Callable[[TrainConfig, DistEnv], Strategy]
+
+
+def run(name: str, build: StrategyBuilder, argv: Sequence[str] | None = None) -> None:
+    """Train with the strategy ``build`` makes, as trainer ``name`` of the table of trainers."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cfg = parse_or_exit(argv, name)
+    with exit_on_config_error(trainer(name).module):
+        train_in_group(cfg, name, build)
+
+
+def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
+                   device: torch.device | None = None, on_step: StepHook | None = None) -> None:
+    """Join (or form) the process group, build trainer ``name``'s strategy and train; an
+    out-of-memory error is explained. ``device`` and ``on_step`` are for launchers that own the
+    process group (see :func:`trainers.core.distributed.init_distributed` and
+    :func:`trainers.core.loop.train`)."""
+    with init_distributed(cfg, device) as env, explain_out_of_memory(cfg, name, env.device):
+        train(cfg, env, build(cfg, env), on_step)

@@ -1,0 +1,59 @@
+"""Weights for a model built on the meta device, identical under every strategy and world size.
+
+A trainer builds its model under ``torch.device("meta")`` (shapes, no memory), applies its
+parallelism (tensor parallel, activation checkpointing, FSDP, the pipeline split: each keeps
+the meta parameters, now sharded or split), and only then allocates and fills what this rank
+holds. :func:`materialize` fills each parameter from a generator seeded by the run's seed and
+the parameter's name, generating the whole tensor and keeping this rank's shard, one parameter
+at a time: a rank's memory at the end of setup is its shards plus the largest parameter, and
+every rank of every strategy agrees with the single-process model.
+
+The model supplies ``init_parameter(name, value, generator)`` (fill the whole parameter
+``name`` in place) and ``shared_parameters`` (names that alias another parameter, as a tied
+head does, mapped to that one's name).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+
+def parameter_name(name: str, shared: dict[str, str]) -> str:
+    """The model's own name of parameter ``name``: wrapper prefixes (activation checkpointing)
+    removed and aliases resolved, so every strategy seeds a parameter alike."""
+    name = name.replace(_CHECKPOINT_PREFIX, "")
+    return shared.get(name, name)
+
+
+def parameter_seed(seed: int, name: str) -> int:
+    """The generator seed of parameter ``name`` in a run seeded with ``seed``."""
+    return zlib.crc32(f"{seed}/{name}".encode())
+
+
+@torch.no_grad()
+def materialize(model: nn.Module, device: torch.device | None, seed: int) -> None:
+    """Allocate ``model``'s parameters on ``device`` (None: leave them where they are, e.g.
+    already placed on several devices) and give each the initial value of the whole model's
+    parameter of its name, sharded as the parameter is."""
+    if device is not None:
+        model.to_empty(device=device)
+    shared = getattr(model, "shared_parameters", {})
+    for raw_name, param in model.named_parameters():
+        name = parameter_name(raw_name, shared)
+        generator = torch.Generator(device=param.device).manual_seed(parameter_seed(seed, name))
+        whole = torch.empty(param.shape, dtype=param.dtype, device=param.device)
+        model.init_parameter(name, whole, generator)
+        if isinstance(param, DTensor):
+            # Every rank holds the same whole tensor, so each cuts out its own shard (no
+            # communication: src_data_rank=None).
+            shard = distribute_tensor(whole, param.device_mesh, param.placements,
+                                      src_data_rank=None)
+            param.to_local().copy_(shard.to_local())
+        else:
+            param.copy_(whole)
+        del whole

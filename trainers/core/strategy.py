@@ -1,0 +1,120 @@
+"""The :class:`Strategy` contract the one training loop runs on.
+
+A strategy (DDP, FSDP, ...; their classes are in :mod:`trainers.parallel`) wraps the model and
+overrides only what differs: how gradient sync is suppressed on non-final micro-steps, how a
+step's forward and backward run, how the gradient norm is taken. The loop
+(:mod:`trainers.core.loop`) owns the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from trainers.core.data import Batch
+
+
+class Strategy:
+    """A parallelism strategy as the loop sees it; the default is plain single-replica training.
+
+    ``model`` is the (wrapped) module whose parameters are trained and checkpointed;
+    ``dp_rank``/``dp_size`` place this process among the data-parallel replicas and
+    ``dp_group`` is their process group (None: the default group).
+    """
+
+    def __init__(self, model: nn.Module, dp_rank: int, dp_size: int,
+                 dp_group: dist.ProcessGroup | None = None) -> None:
+        self.model = model
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.dp_group = dp_group
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """Context in which backward does not synchronise gradients across replicas."""
+        return contextlib.nullcontext()
+
+    def autocast(self, dtype: str, device: torch.device) -> contextlib.AbstractContextManager:
+        """The compute-dtype context of forward passes: bf16 autocast when asked for."""
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+
+    def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of one micro-batch."""
+        logits = self.model(inputs)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.to(logits.device).flatten())
+
+    def forward_backward(self, micro_batches: Sequence[Batch],
+                         autocast: contextlib.AbstractContextManager[None]) -> torch.Tensor:
+        """Accumulate gradients of the step's mean loss; return that loss (local, detached).
+
+        Each micro-batch loss is scaled by 1/N; gradients synchronise only on the last one.
+        """
+        total = torch.zeros((), device=micro_batches[0][0].device)
+        count = len(micro_batches)
+        for index, (inputs, targets) in enumerate(micro_batches):
+            sync = contextlib.nullcontext() if index == count - 1 else self.no_sync()
+            with sync:
+                with autocast:
+                    loss = self.loss(inputs, targets)
+                (loss / count).backward()
+            total += loss.detach()
+        return total / count
+
+    @torch.no_grad()
+    def eval_loss(self, batches: Sequence[Batch],
+                  autocast: contextlib.AbstractContextManager[None]) -> torch.Tensor:
+        """Mean loss over ``batches`` (local) in eval mode."""
+        self.model.eval()
+        with autocast:
+            losses = [self.loss(inputs, targets) for inputs, targets in batches]
+        self.model.train()
+        return torch.stack(losses).mean()
+
+    def norm_grads(self) -> list[torch.Tensor]:
+        """The gradients whose norm is the model's: each parameter counted once."""
+        return [p.grad for p in self.model.parameters() if p.grad is not None]
+
+    def norm_group(self) -> dist.ProcessGroup | None:
+        """Ranks holding disjoint parts of the model whose squared norms add up (None: none)."""
+        return None
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Global gradient norm before clipping to ``max_norm`` (0: measure only).
+
+        Gradients may be local tensors or DTensors sharded over any mesh: each group of equal
+        placement is reduced to a full norm once, then summed over :meth:`norm_group`, so the
+        result is the norm of the whole unsharded gradient on every rank.
+        """
+        groups: dict[Any, list[torch.Tensor]] = {}
+        for grad in self.norm_grads():
+            key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
+            groups.setdefault(key, []).append(grad)
+        squares = torch.zeros((), dtype=torch.float32)
+        for grads in groups.values():
+            norm = nn.utils.get_total_norm(grads, foreach=True)
+            if isinstance(norm, DTensor):
+                norm = norm.full_tensor()
+            squares = squares.to(norm.device) + norm.float() ** 2
+        if self.norm_group() is not None:
+            dist.all_reduce(squares, group=self.norm_group())
+        total = squares.sqrt().item()
+        if max_norm and total > max_norm:
+            scale = max_norm / (total + 1e-6)
+            for param in self.model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(scale)
+        return total
+
+    def mean_over_replicas(self, value: torch.Tensor) -> float:
+        """``value`` averaged over the data-parallel replicas."""
+        if self.dp_size > 1:
+            value = value.clone()
+            dist.all_reduce(value, group=self.dp_group)
+            value /= self.dp_size
+        return value.item()

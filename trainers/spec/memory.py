@@ -1,0 +1,209 @@
+"""Memory anatomy of a training step per rank, predicted from the shapes (plain Python).
+
+Five categories, in bytes per rank:
+
+* **parameters**: the fp32 parameters (the master weights under bf16 autocast or FSDP's bf16
+  policy, which casts copies for compute);
+* **gradients**: fp32, one per parameter;
+* **optimizer**: AdamW's two fp32 moments per parameter and a 4-byte step per tensor;
+* **activations**: what autograd holds at the end of forward for backward, per micro-batch,
+  counted tensor by tensor from the model's code (see :func:`block_activation_bytes`);
+* **gathered**: whole parameters that FSDP holds at the end of forward besides its shards.
+
+Sharding divides them over ``dp`` ranks: ZeRO-1 the optimizer state; ZeRO-2, which is FSDP
+without resharding after forward, also the gradients and the parameters at rest, but holds
+every parameter whole from forward to backward; ZeRO-3, FSDP, reshards each block after its
+forward and keeps only the root (embeddings, final norm, tied head) whole. Tensor parallelism
+divides each
+block's matmul weights and the activations inside its column/row-parallel regions by ``tp``;
+pipeline parallelism gives each stage ``1/pp`` of the blocks (the first stage also holds the
+embeddings, the last the final norm and head, a copy of the tied embedding). The formulas
+were derived from the tensors autograd saves and are checked against a live-tensor
+measurement in ``tests/test_memory.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainers.spec.shapes import ModelConfig
+
+FP32 = 4
+BF16 = 2
+# How data-parallel replicas share the training state: not at all (ddp) or ZeRO stage 1-3.
+SHARDINGS = ("ddp", "zero1", "zero2", "zero3")
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    """Bytes per rank of each category."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    gathered: int = 0
+    peak: int = 0  # measured only: the step's peak of everything allocated
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.gathered
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a job is split: the sharding of its data-parallel replicas and the parallel degrees."""
+
+    sharding: str = "ddp"
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"unknown sharding {self.sharding!r}; use one of {SHARDINGS}")
+
+
+def _split_params(shape: ModelConfig, tp: int, pp: int) -> tuple[int, int]:
+    """(parameters, parameter tensors) held by the heaviest pipeline stage of one TP rank."""
+    d, layers = shape.d_model, shape.n_layers // pp
+    block = (4 * d * d + 2 * d * shape.d_ff) // tp + 4 * d  # matmuls split by tp, norms whole
+    embeddings = shape.vocab_size * d + shape.max_seq_len * d
+    # Tensors: 2 embeddings, 10 per block (2 norms x 2, 6 matmuls), final norm 2, head tied.
+    if pp == 1:
+        return embeddings + layers * block + 2 * d, 4 + 10 * layers
+    first = embeddings + layers * block
+    last = shape.vocab_size * d + layers * block + 2 * d
+    return max(first, last), 10 * layers + (2 if first >= last else 3)
+
+
+def state_bytes(shape: ModelConfig, layout: Layout) -> tuple[int, int, int]:
+    """Bytes per rank of (parameters, gradients, optimizer state) at rest."""
+    params, tensors = _split_params(shape, layout.tp, layout.pp)
+    dp = layout.dp
+    shards = {"ddp": (1, 1, 1), "zero1": (1, 1, dp), "zero2": (dp, dp, dp),
+              "zero3": (dp, dp, dp)}[layout.sharding]
+    return (params * FP32 // shards[0], params * FP32 // shards[1],
+            2 * params * FP32 // shards[2] + FP32 * tensors)
+
+
+def gathered_bytes(shape: ModelConfig, layout: Layout, dtype: str) -> int:
+    """Whole parameters FSDP holds at the end of forward besides its shards (all-gathered in
+    bf16 under its bf16 policy)."""
+    width = BF16 if dtype == "bf16" else FP32
+    if layout.sharding == "zero2":
+        return _split_params(shape, layout.tp, layout.pp)[0] * width
+    if layout.sharding == "zero3":
+        return (shape.vocab_size + shape.max_seq_len + 2) * shape.d_model * width
+    return 0
+
+
+def block_activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: str,
+                           tp: int = 1) -> int:
+    """Bytes one block holds for backward at the end of forward, per micro-batch.
+
+    With ``e = batch x seq x d_model`` elements and ``n = batch x seq`` tokens, fp32 holds
+    16 e x 4 bytes: the normed input of attention, q, k and v, the attention output, the
+    residual after attention, the normed input of the MLP, the MLP's up projection and its GELU
+    (4 e each), and the block's output; plus two LayerNorms' mean and rstd (8 n x 2) and the
+    attention's log-sum-exp (heads x n x 4). ``precision`` ``bf16`` is autocast: the matmuls'
+    inputs and outputs are bf16 copies (the attention norm is cast once for each of q, k and v)
+    while the residual stream stays fp32 (40 e bytes), and each weight's bf16 cast
+    (12 d^2 x 2) is held. ``bf16-params`` is FSDP's bf16 policy: parameters, and so every
+    activation, are bf16 (16 e x 2 bytes), and no weight copies. Tensor parallelism divides
+    what lies inside its column/row-parallel regions by ``tp``.
+    """
+    d, n, heads = shape.d_model, micro_batch * seq, shape.n_heads
+    e = n * d
+    weights = 0
+    if precision == "fp32":
+        replicated, split = 4 * e * FP32, 12 * e * FP32  # x_mid, 2 norms, out | qkv, attn, mlp
+    elif precision == "bf16":
+        replicated = 2 * e * FP32 + 4 * e * BF16  # x_mid, out fp32 | 3 + 1 norm casts
+        split = 12 * e * BF16
+        weights = 12 * d * d * BF16 // tp
+    elif precision == "bf16-params":
+        replicated, split = 4 * e * BF16, 12 * e * BF16
+    else:
+        raise ValueError(f"unknown precision {precision!r}; use fp32, bf16 or bf16-params")
+    stats = 2 * 2 * n * FP32 + heads // tp * n * FP32
+    return replicated + split // tp + weights + stats + attention_score_bytes(
+        shape, micro_batch, seq, tp)
+
+
+# The attention implementations' tiles (trainers/attention.py): sliding_window's query block,
+# linear attention's chunk.
+WINDOW_BLOCK = 128
+LINEAR_CHUNK = 64
+
+
+def attention_score_bytes(shape: ModelConfig, micro_batch: int, seq: int, tp: int = 1) -> int:
+    """Attention probabilities one block keeps for backward beyond sdpa's, by
+    ``shape.attention``: naive the whole ``seq x seq`` matrix per head, sliding_window a band
+    of ``window + block`` keys per query, linear a chunk of scores per query, its feature maps
+    and the running states (approximate: within 15%); sdpa and tiled keep only the row
+    log-sum-exp (counted with the statistics)."""
+    rows = micro_batch * shape.n_heads // tp * seq  # query rows on this rank
+    if shape.attention == "naive":
+        return rows * seq * FP32
+    if shape.attention == "sliding_window":
+        return rows * min(seq, WINDOW_BLOCK + shape.attention_window - 1) * FP32
+    if shape.attention == "linear":  # chunk scores, feature maps, numerators, chunk states
+        head = shape.head_dim
+        return rows * (LINEAR_CHUNK + 5 * head + head * head // LINEAR_CHUNK) * FP32
+    return 0
+
+
+def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: str,
+                     checkpointing: bool, tp: int = 1, pp: int = 1) -> int:
+    """Bytes held for backward at the end of forward by one rank, per micro-batch in flight.
+
+    The model adds its embedding output, the final norm's output (with the head weight's cast
+    under autocast) and statistics and the fp32 log-probabilities of the loss
+    (batch x seq x vocab x 4) on the stages that hold them. With activation checkpointing each
+    block keeps only its input; backward recomputes one block at a time
+    (:func:`block_activation_bytes` more, briefly).
+    """
+    n, e = micro_batch * seq, micro_batch * seq * shape.d_model
+    layers = shape.n_layers // pp
+    stream = BF16 if precision == "bf16-params" else FP32  # the residual stream's width
+    per_block = e * stream if checkpointing else block_activation_bytes(
+        shape, micro_batch, seq, precision, tp)
+    head = {"fp32": e * FP32, "bf16": e * BF16 + shape.vocab_size * shape.d_model * BF16,
+            "bf16-params": e * BF16}[precision]
+    ends = e * stream + head + 2 * n * FP32 + n * shape.vocab_size * FP32
+    return layers * per_block + ends
+
+
+def precision(dtype: str, layout: Layout) -> str:
+    """How ``dtype`` computes under ``layout``: bf16 is autocast, except under FSDP (ZeRO-2/3),
+    whose bf16 policy makes the parameters themselves bf16."""
+    if dtype not in ("fp32", "bf16"):
+        raise ValueError(f"unknown dtype {dtype!r}; use fp32 or bf16")
+    return "bf16-params" if dtype == "bf16" and layout.sharding in ("zero2", "zero3") else dtype
+
+
+def predict(shape: ModelConfig, micro_batch: int, seq: int, dtype: str, checkpointing: bool,
+            layout: Layout) -> Anatomy:
+    """The anatomy of one rank for one micro-batch in flight."""
+    params, grads, optimizer = state_bytes(shape, layout)
+    return Anatomy(params, grads, optimizer,
+                   activation_bytes(shape, micro_batch, seq, precision(dtype, layout),
+                                    checkpointing, layout.tp, layout.pp),
+                   gathered_bytes(shape, layout, dtype))
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:8.2f}"
+
+
+def anatomy_table(shape: ModelConfig, micro_batch: int, seq: int, dtype: str,
+                  checkpointing: bool, devices: int) -> str:
+    """Per-rank GiB of every category under DDP and ZeRO-1/2/3 over ``devices`` ranks."""
+    lines = [f"{'sharding':8} {'params':>8} {'grads':>8} {'AdamW':>8} {'activ.':>8} "
+             f"{'gathered':>8} {'total':>8}   (GiB per rank, {devices} ranks)"]
+    for sharding in SHARDINGS:
+        a = predict(shape, micro_batch, seq, dtype, checkpointing, Layout(sharding, dp=devices))
+        lines.append(f"{sharding:8} {_gib(a.params)} {_gib(a.grads)} {_gib(a.optimizer)} "
+                     f"{_gib(a.activations)} {_gib(a.gathered)} {_gib(a.total)}")
+    return "\n".join(lines)

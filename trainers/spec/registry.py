@@ -1,0 +1,212 @@
+"""The one table of trainers: what the config, planner, OOM report, components and Ray read.
+
+Each :class:`Trainer` entry names its entry module (``python -m trainers.<name>``, whose
+``build(cfg, env)`` makes the runtime strategy), the options only it serves, its checks of a
+configuration, how it splits a job for the memory planner, what to try when it runs out of
+memory, and whether Ray Train can run it. Adding a trainer is one entry here plus one entry
+module (docs/architecture.md). Plain Python without torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trainers.spec.errors import ConfigError
+from trainers.spec.memory import Layout
+from trainers.spec.shapes import MODEL_SIZES
+
+if TYPE_CHECKING:
+    from trainers.spec.config import TrainConfig
+
+# Pipeline schedules and the stages per rank each runs: one, or two or more (virtual stages).
+SCHEDULE_STAGES = {"gpipe": "one", "1f1b": "one", "interleaved1f1b": "several",
+                   "zerobubble": "several"}
+DEVICE_PATTERN = re.compile(r"^(cpu|cuda:\d+)$")
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one rank of a job holds the model and its batch, as the memory planner prices it."""
+
+    layout: Layout
+    micro_batch: int  # sequences per forward pass
+    grad_accum: int  # forward passes per optimizer step
+    in_flight: int = 1  # micro-batches whose activations one rank holds at once
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """One trainer: its entry module and everything the layers above ask about it.
+
+    ``check(cfg, world)`` raises ConfigError when ``cfg`` cannot run at ``world`` ranks;
+    ``check_placement(cfg, nproc_per_node, gpus)`` when it cannot run with that many processes
+    and GPUs per node (components call it); ``split(cfg, world)`` is the job's per-rank split
+    for the planner. ``ray`` is None when Ray Train runs the trainer, else why it cannot and
+    what to use instead.
+    """
+
+    name: str
+    summary: str
+    options: frozenset[str]
+    split: Callable[[TrainConfig, int], Split]
+    check: Callable[[TrainConfig, int], None] | None = None
+    check_placement: Callable[[TrainConfig, int, int], None] | None = None
+    sharded: bool = False  # data-parallel replicas shard the state (the planner shows ZeRO-n)
+    accumulate_flag: str = "--grad-accum"  # the flag that sets micro-batches per step
+    oom_hints: tuple[str, ...] = ()
+    ray: str | None = None
+
+    @property
+    def module(self) -> str:
+        """The entry module: ``python -m trainers.<name>``."""
+        return f"trainers.{self.name}"
+
+    @property
+    def component(self) -> str:
+        """The TorchX component that launches it."""
+        return f"components/{self.name}.py:{self.name}"
+
+
+def _fsdp_sharding(cfg: TrainConfig) -> str:
+    return "zero3" if cfg.reshard_after_forward else "zero2"
+
+
+def _replicated_split(cfg: TrainConfig, world: int) -> Split:
+    dp = cfg.dp_size(world)
+    return Split(Layout("ddp", dp=dp), cfg.micro_batch(dp), cfg.grad_accum)
+
+
+def _fsdp_split(cfg: TrainConfig, world: int) -> Split:
+    dp = cfg.dp_size(world)
+    return Split(Layout(_fsdp_sharding(cfg), dp=dp), cfg.micro_batch(dp), cfg.grad_accum)
+
+
+def _tensor_parallel_split(cfg: TrainConfig, world: int) -> Split:
+    dp = cfg.dp_size(world)
+    sharding = _fsdp_sharding(cfg) if dp > 1 else "ddp"  # FSDP only across several groups
+    return Split(Layout(sharding, dp=dp, tp=cfg.tp), cfg.micro_batch(dp), cfg.grad_accum)
+
+
+def _pipeline_split(cfg: TrainConfig, world: int) -> Split:
+    dp = cfg.dp_size(world)
+    in_flight = cfg.microbatches if cfg.schedule == "gpipe" else min(cfg.microbatches, cfg.pp)
+    return Split(Layout("ddp", dp=dp, pp=cfg.pp), cfg.micro_batch(dp) // cfg.microbatches,
+                 cfg.microbatches, in_flight)
+
+
+def _model_parallel_split(cfg: TrainConfig, world: int) -> Split:
+    # The blocks are split over distinct devices; CPU places share one memory.
+    pp = len(set(cfg.devices.split(","))) if cfg.devices != "auto" else 1
+    dp = cfg.dp_size(world)
+    return Split(Layout("ddp", dp=dp, pp=pp), cfg.micro_batch(dp), cfg.grad_accum)
+
+
+def check_tensor_parallel(cfg: TrainConfig, world: int) -> None:
+    """A tensor-parallel degree that splits the model's heads and width."""
+    if cfg.tp < 1:
+        raise ConfigError(f"--tp must be >= 1, got --tp {cfg.tp}")
+    shape = MODEL_SIZES[cfg.model]
+    for what, size in (("heads", shape.n_heads), ("hidden size", shape.d_model)):
+        if size % cfg.tp:
+            raise ConfigError(f"--tp {cfg.tp} does not divide the {cfg.model} model's {what} "
+                              f"({size}); pass a --tp that divides {size}")
+    if cfg.sequence_parallel and cfg.tp == 1:
+        raise ConfigError("--sequence-parallel needs --tp > 1")
+
+
+def check_pipeline(cfg: TrainConfig, world: int) -> None:
+    """Degrees, schedule and micro-batches that torch.distributed.pipelining can run."""
+    if cfg.pp < 2:
+        raise ConfigError(f"--pp {cfg.pp}: a pipeline needs 2 or more stages ranks; pass --pp 2 "
+                          "or more, or use trainers.ddp")
+    if cfg.grad_accum != 1:
+        raise ConfigError("--grad-accum: under trainers.pipeline the micro-batches are "
+                          "--microbatches; pass --grad-accum 1")
+    several = SCHEDULE_STAGES[cfg.schedule] == "several"
+    if cfg.virtual_stages < 1 or several != (cfg.virtual_stages >= 2):
+        wanted = "--virtual-stages 2 or more" if several else "--virtual-stages 1"
+        runs = "several stages" if several else "one stage"
+        raise ConfigError(f"--schedule {cfg.schedule} runs {runs} per rank; pass {wanted}")
+    stages = cfg.pp * cfg.virtual_stages
+    blocks = MODEL_SIZES[cfg.model].n_layers
+    if blocks % stages:
+        raise ConfigError(f"--pp {cfg.pp} x --virtual-stages {cfg.virtual_stages} = {stages} "
+                          f"stages do not divide the {cfg.model} model's {blocks} blocks; pick "
+                          "degrees whose product divides them")
+    replica_batch = cfg.micro_batch(cfg.dp_size(world))
+    if cfg.microbatches < 1 or replica_batch % cfg.microbatches:
+        raise ConfigError(f"each pipeline's batch of {replica_batch} sequences does not split "
+                          f"into --microbatches {cfg.microbatches}; pass a divisor of it")
+    if cfg.schedule == "1f1b" and cfg.microbatches < cfg.pp:
+        raise ConfigError(f"--schedule 1f1b needs --microbatches >= --pp ({cfg.pp}), got "
+                          f"{cfg.microbatches}; pass more micro-batches or --schedule gpipe")
+    rounds = max(1, cfg.microbatches // cfg.pp)
+    if several and cfg.microbatches % rounds:
+        raise ConfigError(f"--schedule {cfg.schedule} needs --microbatches a multiple of "
+                          f"{rounds} (micro-batches // pp); pass e.g. {cfg.pp * rounds}")
+
+
+def check_devices(cfg: TrainConfig, world: int) -> None:
+    """``--devices`` lists cpu or cuda:N entries (whether they exist is checked on the rank)."""
+    if cfg.devices == "auto":
+        return
+    for name in cfg.devices.split(","):
+        if not DEVICE_PATTERN.match(name):
+            raise ConfigError(f"--devices {cfg.devices}: {name!r} is not a device; list cpu or "
+                              "cuda:N entries, e.g. cuda:0,cuda:1")
+
+
+def check_one_process_per_node(cfg: TrainConfig, nproc_per_node: int, gpus: int) -> None:
+    """One process per node, and every listed GPU among the node's ``gpus``."""
+    if nproc_per_node != 1:
+        raise ConfigError(f"model_parallel runs one process per node over --devices; pass "
+                          f"-j <nodes>x1, not {nproc_per_node} processes per node")
+    needed = max((int(name[5:]) + 1 for name in cfg.devices.split(",")
+                  if name.startswith("cuda:")), default=0)
+    if needed > gpus:
+        raise ConfigError(f"--devices {cfg.devices} needs --gpu {needed} or more, not --gpu "
+                          f"{gpus}; pass --gpu {needed}")
+
+
+_SHARD_HINT = "trainers.fsdp (shards parameters, gradients and optimizer state)"
+
+TRAINERS: dict[str, Trainer] = {t.name: t for t in (
+    Trainer("ddp", "data parallel with DistributedDataParallel: every rank a whole replica",
+            options=frozenset(), split=_replicated_split, oom_hints=(_SHARD_HINT,)),
+    Trainer("fsdp", "FSDP2 fully_shard: each rank holds 1/N of parameters, gradients and "
+            "optimizer state",
+            options=frozenset({"reshard_after_forward", "cpu_offload"}), split=_fsdp_split,
+            sharded=True),
+    Trainer("tensor_parallel", "tensor parallel (DTensor) inside groups of --tp ranks, FSDP2 "
+            "across groups",
+            options=frozenset({"tp", "dp", "sequence_parallel", "reshard_after_forward"}),
+            split=_tensor_parallel_split, check=check_tensor_parallel, sharded=True),
+    Trainer("pipeline", "pipeline parallel (torch.distributed.pipelining) over --pp ranks, data "
+            "parallel over pipelines",
+            options=frozenset({"dp", "pp", "virtual_stages", "schedule", "microbatches",
+                               "record_timeline"}),
+            split=_pipeline_split, check=check_pipeline, accumulate_flag="--microbatches"),
+    Trainer("model_parallel", "naive model parallel: one process spreads the blocks over "
+            "--devices, DDP across processes",
+            options=frozenset({"devices"}), split=_model_parallel_split, check=check_devices,
+            check_placement=check_one_process_per_node, oom_hints=(_SHARD_HINT,),
+            ray="it spreads one process's blocks over several devices, while Ray Train runs "
+                "one process per device; run it with `torchx run "
+                "components/model_parallel.py:model_parallel` or `python -m "
+                "trainers.model_parallel`"),
+)}
+
+
+def trainer(name: str) -> Trainer:
+    """The entry for ``name``; ConfigError naming the trainers there are."""
+    if name not in TRAINERS:
+        raise ConfigError(f"{name!r} is not a trainer; pass one of {', '.join(TRAINERS)}")
+    return TRAINERS[name]
+
+
+def serving(option: str) -> list[str]:
+    """The trainers that serve ``option`` (a TrainConfig field only some trainers own)."""
+    return [t.name for t in TRAINERS.values() if option in t.options]
