@@ -149,6 +149,15 @@ def test_tensor_parallel_degrees(tmp_path):
         parse_for("tensor_parallel", "--sequence-parallel", world=2, tmp=tmp_path)
 
 
+@pytest.mark.parametrize("trainer, args", [
+    ("tensor_parallel", ["--tp", "0"]), ("pipeline", ["--pp", "0"]),
+    ("pipeline", ["--pp", "2", "--dp", "-1"]),
+])
+def test_degrees_below_one_are_refused(tmp_path, trainer, args):
+    with pytest.raises(ConfigError, match=r"--tp and --pp must be >= 1 and --dp >= 0, got "):
+        parse_for(trainer, *args, world=2, tmp=tmp_path)
+
+
 @pytest.mark.parametrize("trainer, args, served_by", [
     ("ddp", ["--tp", "2"], "trainers.tensor_parallel"),
     ("fsdp", ["--sequence-parallel"], "trainers.tensor_parallel"),

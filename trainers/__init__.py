@@ -1,4 +1,5 @@
-"""Distributed PyTorch trainers on one shared core.
-
-The core: config, model, data, loop, checkpoint, metrics; one entry point per strategy.
+"""Distributed PyTorch trainers: one entry module per trainer (``python -m trainers.<name>``)
+over three layers: ``spec`` (torch-free config, table of trainers, planner), ``core`` (model,
+data, the one loop, checkpoints, metrics) and ``parallel`` (parallelism and strategies).
+See docs/architecture.md.
 """

@@ -1,4 +1,4 @@
-"""Weights for a model built on the meta device, identical under every strategy and world size.
+"""Weights for a model built on the meta device, identical under every trainer and world size.
 
 A trainer builds its model under ``torch.device("meta")`` (shapes, no memory), applies its
 parallelism (tensor parallel, activation checkpointing, FSDP, the pipeline split: each keeps
@@ -6,7 +6,7 @@ the meta parameters, now sharded or split), and only then allocates and fills wh
 holds. :func:`materialize` fills each parameter from a generator seeded by the run's seed and
 the parameter's name, generating the whole tensor and keeping this rank's shard, one parameter
 at a time: a rank's memory at the end of setup is its shards plus the largest parameter, and
-every rank of every strategy agrees with the single-process model.
+every rank of every trainer agrees with the single-process model.
 
 The model supplies ``init_parameter(name, value, generator)`` (fill the whole parameter
 ``name`` in place) and ``shared_parameters`` (names that alias another parameter, as a tied
@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 def parameter_name(name: str, shared: dict[str, str]) -> str:
     """The model's own name of parameter ``name``: wrapper prefixes (activation checkpointing)
-    removed and aliases resolved, so every strategy seeds a parameter alike."""
+    removed and aliases resolved, so every trainer seeds a parameter alike."""
     name = name.replace(_CHECKPOINT_PREFIX, "")
     return shared.get(name, name)
 

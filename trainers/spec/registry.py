@@ -105,9 +105,8 @@ def _model_parallel_split(cfg: TrainConfig, world: int) -> Split:
 
 
 def check_tensor_parallel(cfg: TrainConfig, world: int) -> None:
-    """A tensor-parallel degree that splits the model's heads and width."""
-    if cfg.tp < 1:
-        raise ConfigError(f"--tp must be >= 1, got --tp {cfg.tp}")
+    """A tensor-parallel degree (>= 1, checked for every trainer) that splits the model's heads
+    and width."""
     shape = MODEL_SIZES[cfg.model]
     for what, size in (("heads", shape.n_heads), ("hidden size", shape.d_model)):
         if size % cfg.tp:
