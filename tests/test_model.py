@@ -64,3 +64,27 @@ def test_initial_loss_is_near_uniform():
     tokens, targets = torch.randint(0, 256, (2, 4, 64))
     loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
     assert abs(loss.item() - math.log(256)) < 0.1
+
+
+def test_weights_come_from_the_seed_and_the_name_alone():
+    """Built on the meta device and materialized, a part of the model (a pipeline stage, with
+    activation checkpointing) gets exactly the whole model's weights of the same names."""
+    from trainers.core.materialize import materialize
+    from trainers.core.model import build_meta_model
+    from trainers.parallel.checkpointing import apply_activation_checkpointing
+    from trainers.parallel.pipeline import split_stage
+
+    whole = dict(build_model("tiny", seed=7).named_parameters())
+    assert not torch.equal(whole["tok_emb.weight"],
+                           build_model("tiny", seed=8).tok_emb.weight)
+    for stage in range(2):
+        part = split_stage(build_meta_model("tiny"), stage, 2)
+        apply_activation_checkpointing(part)
+        materialize(part, torch.device("cpu"), 7)
+        names = part.state_dict().keys()  # wrapper prefixes removed, tied head included
+        assert ("tok_emb.weight" in names) == (stage == 0) and ("head.weight" in names) == stage
+        for name, value in part.state_dict().items():
+            source = "tok_emb.weight" if name == "head.weight" else name
+            assert torch.equal(value, whole[source]), name
+    block = whole["blocks.0.attn.wo.weight"]
+    assert abs(block.std().item() - 0.02 / math.sqrt(2 * 4)) < 0.002  # scaled residual init
