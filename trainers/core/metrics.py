@@ -25,9 +25,12 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -> float:
-    """FLOP/s of a square matmul on ``device`` at the current thread count (best of a few)."""
-    size = 4096 if device.type == "cuda" else 1024
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3,
+                       size: int | None = None) -> float:
+    """FLOP/s of a ``size`` x ``size`` matmul (default 4096 on CUDA, 1024 on the CPU) on
+    ``device`` at the current thread count: the best of the calls made within ``seconds``
+    after one warm-up call."""
+    size = size or (4096 if device.type == "cuda" else 1024)
     gen = torch.Generator(device=device).manual_seed(0)  # leaves the global RNG untouched
     a, b = (torch.randn(size, size, device=device, dtype=dtype, generator=gen) for _ in "ab")
     best = math.inf
