@@ -1,69 +1,58 @@
-"""This machine's fp32 matmul peak at a given thread count: ``python -m bench.peak --help``.
+"""This machine's fp32 matmul peak by the trainers' own probe, the best over matrix sides.
 
-The peak is the best FLOP/s of ``torch.mm`` on square fp32 matrices (``2 n^3`` FLOPs per
-call) over a few sizes, each run repeatedly for a fixed time after one warm-up call. MFU in
-``bench.throughput`` is relative to this figure, measured at the thread count the trainer uses.
-
-``--wait-stdin`` makes the process print ``ready`` once torch is loaded and wait for a line on
-stdin before it starts, so that several processes can be released at the same moment and
-``bench.throughput`` can measure what two single-threaded processes reach together (the
-hardware's own ceiling for data-parallel scaling on this machine).
+Samples of ``trainers.core.metrics.measure_peak_flops`` (docs/benchmarks.md, "Definitions").
 """
-
-from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
+
+from bench.harness import THREADS, progress, write_rank
+from trainers.core.metrics import measure_peak_flops
+
+SIZES = (1024, 2048, 4096)
 
 
-def matmul_rates(size: int, seconds: float, min_calls: int = 3) -> list[float]:
-    """FLOP/s of each timed ``torch.mm`` of two ``size`` x ``size`` fp32 matrices."""
-    a = torch.randn(size, size)
-    b = torch.randn(size, size)
-    out = torch.empty(size, size)
-    torch.mm(a, b, out=out)  # warm-up: kernel selection, page faults
-    rates: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while len(rates) < min_calls or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        torch.mm(a, b, out=out)
-        rates.append(2 * size**3 / (time.perf_counter() - start))
-    return rates
-
-
-def measure_peak(sizes: Sequence[int], seconds: float) -> dict[str, Any]:
-    """Best and median FLOP/s per size, and the peak: the best over all sizes."""
+def measure_peak(sizes: Sequence[int] = SIZES, seconds: float = 2.0) -> dict[str, Any]:
+    """Samples of the probe for ``seconds`` (at least 3) per matrix side: per size the best and
+    median FLOP/s and the ``calls``; ``peak_flops``, the best of all, at ``best_size``."""
+    progress(f"fp32 matmul peak at {torch.get_num_threads()} thread(s), sizes {list(sizes)}")
     by_size: dict[str, dict[str, float]] = {}
     for size in sizes:
-        rates = matmul_rates(size, seconds)
+        rates: list[float] = []
+        deadline = time.perf_counter() + seconds
+        while len(rates) < 3 or time.perf_counter() < deadline:
+            rates.append(measure_peak_flops(torch.device("cpu"), torch.float32, 0.0, size))
         by_size[str(size)] = {"best_flops": max(rates), "median_flops": statistics.median(rates),
                               "calls": len(rates)}
-    best_size = max(by_size, key=lambda s: by_size[s]["best_flops"])
+    best = max(by_size, key=lambda size: by_size[size]["best_flops"])
+    progress(f"peak {by_size[best]['best_flops'] / 1e9:.1f} GFLOP/s at n={best}")
     return {"threads": torch.get_num_threads(), "dtype": "float32", "by_size": by_size,
-            "best_size": int(best_size), "peak_flops": by_size[best_size]["best_flops"]}
+            "best_size": int(best), "peak_flops": by_size[best]["best_flops"]}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="bench.peak", description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096])
-    parser.add_argument("--seconds", type=float, default=2.0, help="timed seconds per size")
-    parser.add_argument("--wait-stdin", action="store_true",
-                        help="print 'ready', then start on the next line of stdin")
+    parser = argparse.ArgumentParser(prog="python -m bench.peak",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="matrix sides")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds of samples per size")
+    parser.add_argument("--worker", metavar="PREFIX", help="as a rank under torchrun: start "
+                        "after a barrier with the others, write to PREFIX.rank<RANK>.json")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    if args.wait_stdin:
-        torch.mm(torch.ones(8, 8), torch.ones(8, 8))  # load the BLAS before the release
-        print("ready", flush=True)
-        sys.stdin.readline()
-    print(json.dumps(measure_peak(args.sizes, args.seconds)), flush=True)
+    torch.set_num_threads(THREADS)
+    if args.worker is None:
+        print(json.dumps(measure_peak(args.sizes, args.seconds)))
+        return
+    dist.init_process_group("gloo")
+    dist.barrier()
+    write_rank(args.worker, measure_peak(args.sizes, args.seconds))
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
