@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 
@@ -116,3 +117,20 @@ def test_resume_none_refuses_to_overwrite_checkpoints(tmp_path):
     assert proc.returncode == 2
     assert "already holds checkpoints; pass --resume auto or a new --output-dir" in proc.stderr
     assert find_checkpoints(tmp_path)
+
+
+def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line(tmp_path, world_of_one):
+    """Checkpoints written before the state was registered as separate Stateful entries (no
+    "format" in their manifest) cannot be resumed; say so instead of failing inside DCP."""
+    ckpt = _checkpointer(tmp_path, world_of_one)[0]
+    ckpt.save(1)
+    manifest_path = tmp_path / "checkpoints" / "step_00000001" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["format"] == 2
+    del manifest["format"]
+    manifest_path.write_text(json.dumps(manifest))
+    message = "holds a format-1 checkpoint from an earlier version of these trainers"
+    with pytest.raises(ConfigError, match=message):
+        parse_config(["--output-dir", str(tmp_path)], "ddp", world_sizes=[1])
+    with pytest.raises(ConfigError, match=message):
+        ckpt.choose("auto")

@@ -34,8 +34,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 from trainers.core.distributed import DistEnv
 from trainers.spec.checkpoint_files import (
     CHECKPOINTS,
+    FORMAT,
     MANIFEST,
     PREFIX,
+    check_format,
     crc32,
     find_checkpoints,
     verify,
@@ -160,7 +162,7 @@ class Checkpointer:
         dist.barrier()
         if self.env.is_main:
             files = {p.name: [p.stat().st_size, crc32(p)] for p in sorted(tmp.iterdir())}
-            manifest = {"step": step, "model": self.model_name,
+            manifest = {"format": FORMAT, "step": step, "model": self.model_name,
                         "world_size": self.env.world_size, "files": files}
             with open(tmp / MANIFEST, "w") as f:
                 json.dump(manifest, f, indent=1)
@@ -200,6 +202,7 @@ class Checkpointer:
         for path in candidates:
             problem = verify(path)
             if problem is None:
+                check_format(path, json.loads((path / MANIFEST).read_text()))
                 return path
             log.warning("checkpoint %s is corrupt (%s); falling back to an older one",
                         path, problem)

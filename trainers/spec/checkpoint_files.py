@@ -10,7 +10,13 @@ from __future__ import annotations
 import json
 import zlib
 from pathlib import Path
+from typing import Any
 
+from trainers.spec.errors import ConfigError
+
+# The layout of a checkpoint's contents; 2: the model and optimizer, the step ("progress"), the
+# LR schedule and the data position as separate DCP entries, per-rank state in rank_state<R>.pt.
+FORMAT = 2
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 PREFIX = "step_"
@@ -58,11 +64,20 @@ def verify(path: Path) -> str | None:
     return None
 
 
-def saved_model(path: Path) -> str | None:
-    """The ``--model`` of the newest checkpoint at ``path`` with a readable manifest."""
+def saved_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest of the newest checkpoint at ``path`` with a readable one."""
     for checkpoint in find_checkpoints(path):
         try:
-            return json.loads((checkpoint / MANIFEST).read_text())["model"]
-        except (OSError, ValueError, KeyError):
+            return json.loads((checkpoint / MANIFEST).read_text())
+        except (OSError, ValueError):
             continue
     return None
+
+
+def check_format(path: Path, manifest: dict[str, Any]) -> None:
+    """ConfigError unless the checkpoint at ``path`` is in the layout these trainers read."""
+    found = manifest.get("format", 1)
+    if found != FORMAT:
+        raise ConfigError(f"{path} holds a format-{found} checkpoint from an earlier version of "
+                          f"these trainers, which read format {FORMAT}; resume it with the "
+                          "version that wrote it, or pass --resume none with a new --output-dir")

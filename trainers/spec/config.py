@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from trainers.spec.checkpoint_files import find_checkpoints, saved_model
+from trainers.spec.checkpoint_files import check_format, find_checkpoints, saved_manifest
 from trainers.spec.errors import ConfigError
 from trainers.spec.registry import SCHEDULE_STAGES, serving, trainer
 from trainers.spec.shapes import MODEL_SIZES
@@ -256,8 +256,12 @@ def _check_paths(cfg: TrainConfig) -> None:
     if cfg.resume != "auto" and not find_checkpoints(source):
         raise ConfigError(f"--resume {cfg.resume}: no checkpoint there; pass a run directory "
                           "holding checkpoints/step_*, a step_* directory, auto or none")
-    saved = saved_model(source)
-    if saved is not None and saved != cfg.model:
+    manifest = saved_manifest(source)
+    if manifest is None:
+        return
+    check_format(source, manifest)
+    saved = manifest.get("model")
+    if saved != cfg.model:
         raise ConfigError(f"{source} holds a --model {saved} checkpoint, not {cfg.model}; pass "
                           f"--model {saved}, another --output-dir or --resume none")
 
