@@ -10,6 +10,7 @@ from the projection width, so it runs unchanged on a sharded block.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -87,8 +88,12 @@ class Transformer(nn.Module):
     A part of the model is this module with some blocks deleted and the embeddings
     (``tok_emb``, ``pos_emb``, ``emb_dropout``) or the output (``norm``, ``head``) set to None:
     its forward then takes or returns hidden states, and parameter names stay those of the
-    whole model.
+    whole model. Built on the meta device, it is given its weights by
+    :func:`trainers.core.materialize.materialize` through :meth:`init_parameter`.
     """
+
+    # Parameters that are another one under a second name (the tied head), by that name.
+    shared_parameters: ClassVar[dict[str, str]] = {"head.weight": "tok_emb.weight"}
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -111,8 +116,6 @@ class Transformer(nn.Module):
             self.head.weight = self.tok_emb.weight
         return self
 
-    # Parameters that are another one under a second name (the tied head), by that name.
-    shared_parameters = {"head.weight": "tok_emb.weight"}
 
     def init_parameter(self, name: str, value: torch.Tensor, generator: torch.Generator) -> None:
         """Fill ``value``, the whole parameter ``name``, with its initial value (GPT-2's):
