@@ -21,6 +21,7 @@ from tests.slurm_support import queued_jobs_from, torchx, trainer_args
 from tests.test_kubernetes_options import BAD_INPUT as KUBERNETES_BAD_INPUT
 from tests.test_slurm import BAD_OPTIONS as SLURM_BAD_CLUSTER_OPTIONS
 from tests.test_slurm import BAD_OPTIONS_ANYWHERE as SLURM_BAD_OPTIONS
+from trainers.spec.checkpoint_files import FORMAT
 
 # The words by which an error line names its fix.
 FIX = re.compile(r"\b(pass|use|try|lower|pick|drop|list|tokenize|instead|did you mean|such as)\b"
@@ -109,6 +110,10 @@ ROWS = [
         "trainers.ddp: {tmp}/small-run holds a --model small checkpoint, not tiny; pass --model "
         "small, another --output-dir or --resume none",
         trainer=("--model", "tiny", "--resume", "{tmp}/small-run")),
+    Row("resume-earlier-format", "local_cwd", "fsdp",
+        "trainers.fsdp: {tmp}/old-run holds a format-1 checkpoint from an earlier version of "
+        "these trainers, which read format 2; resume it with the version that wrote it, or pass "
+        "--resume none with a new --output-dir", trainer=("--resume", "{tmp}/old-run")),
     Row("missing-data-file", "local_cwd", "fsdp", "trainers.fsdp: --data {tmp}/corpus.bin:",
         trainer=("--data", "{tmp}/corpus.bin"), exact=False),
     Row("model-does-not-fit", "local_cwd", "ddp",
@@ -151,18 +156,21 @@ ROWS = [
 ]
 
 
-def _small_model_run(tmp: Path) -> None:
-    """A run directory whose newest checkpoint's manifest says ``--model small``."""
-    step = tmp / "small-run" / "checkpoints" / "step_00000004"
-    step.mkdir(parents=True)
-    (step / "manifest.json").write_text(json.dumps({"model": "small", "files": {}}))
+def _checkpointed_runs(tmp: Path) -> None:
+    """Run directories whose newest checkpoint's manifest says ``--model small`` (small-run)
+    and whose checkpoint is in an earlier format (old-run)."""
+    for run, manifest in (("small-run", {"format": FORMAT, "model": "small", "files": {}}),
+                          ("old-run", {"model": "tiny", "files": {}})):
+        step = tmp / run / "checkpoints" / "step_00000004"
+        step.mkdir(parents=True)
+        (step / "manifest.json").write_text(json.dumps(manifest))
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
 def test_bad_input_is_refused_in_one_line_and_nothing_is_scheduled(request, tmp_path, row):
     if row.scheduler == "slurm":
         request.getfixturevalue("slurm_cluster")
-    _small_model_run(tmp_path)
+    _checkpointed_runs(tmp_path)
     proc = torchx(*row.args(tmp_path), cwd=tmp_path, env={"HOME": str(tmp_path)}, check=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output[-3000:]
