@@ -5,7 +5,6 @@ gradient buckets and FSDP's padded shards count as allocated.
 """
 
 import contextlib
-import resource
 from collections.abc import Iterable
 
 import torch
@@ -15,11 +14,6 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 
 from trainers.spec.memory import Anatomy
-
-
-def peak_rss() -> int:
-    """This process's peak resident set size in bytes (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class Tally:

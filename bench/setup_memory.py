@@ -9,10 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bench import harness
-from bench.memory_probe import Tally, peak_rss
+from bench.memory_probe import Tally
+from trainers.core.metrics import peak_memory_bytes
 
 MIB = 2**20
+HOST = torch.device("cpu")  # peak_memory_bytes of the CPU: the peak resident set size
 OVERHEAD_MIB = 64  # the allocator, the device mesh and the strategy's buffers
 TRAINERS = {"fsdp": [], "tensor_parallel": ["--tp", "{nproc}"]}
 OVERRIDES = {"model": None, "nproc": 1}
@@ -32,9 +36,9 @@ def measure(cfg: Any, env: Any, build: Callable[[Any, Any], Any]) -> dict[str, A
     from trainers.core.model import meta_model
 
     sizes = [p.numel() * p.element_size() for p in meta_model(cfg).parameters()]
-    before, start = peak_rss(), time.perf_counter()
+    before, start = peak_memory_bytes(HOST), time.perf_counter()
     strategy = build(cfg, env)
-    seconds, after = time.perf_counter() - start, peak_rss()
+    seconds, after = time.perf_counter() - start, peak_memory_bytes(HOST)
     return {"peak_before_bytes": before, "peak_after_bytes": after,
             "setup_growth_bytes": after - before,
             "local_param_bytes": Tally(strategy.model.parameters()).logical,

@@ -11,8 +11,9 @@ from torch.distributed.tensor import DTensor
 
 from bench import harness
 from bench.harness import THREADS, BenchError, human, median
-from bench.memory_probe import Tally, peak_rss, union
+from bench.memory_probe import Tally, union
 from bench.peak import measure_peak
+from trainers.core.metrics import peak_memory_bytes
 from trainers.spec.shapes import MODEL_SIZES
 
 NPROC = 2
@@ -93,7 +94,7 @@ def measure(cfg: Any, env: Any, build: Callable[[Any, Any], Any]) -> dict[str, A
         "optimizer_step_counters": Tally(v for k, v in state if k == "step").as_dict(),
         "optimizer_state_keys": sorted({k for k, _ in state}),
         "between_forward_backward": between, "total_storage_bytes": union(after, grads, optim),
-        "peak_rss_bytes": peak_rss()}
+        "peak_rss_bytes": peak_memory_bytes(torch.device("cpu"))}
 
 
 def memory_expectations(model: str, nproc: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -33,12 +33,12 @@ def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     apply_tensor_parallel(model, mesh["tp"], cfg.sequence_parallel)
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(model)
-    if dp == 1:
-        materialize(model, env.device, cfg.seed)
-        return Strategy(model, dp_rank=0, dp_size=1)
-    apply_fsdp(model, mesh["dp"], cfg.reshard_after_forward, cfg.dtype == "bf16",
-               cfg.cpu_offload)
+    if dp > 1:
+        apply_fsdp(model, mesh["dp"], cfg.reshard_after_forward, cfg.dtype == "bf16",
+                   cfg.cpu_offload)
     materialize(model, env.device, cfg.seed)
+    if dp == 1:
+        return Strategy(model, dp_rank=0, dp_size=1)
     return ShardedStrategy(model, dp_rank=mesh["dp"].get_local_rank(), dp_size=dp,
                            dp_group=mesh["dp"].get_group())
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
+from trainers.core.metrics import peak_memory_bytes
 from trainers.spec.config import TrainConfig
 from trainers.spec.planner import GIB, job_candidate
 from trainers.spec.registry import TRAINERS
@@ -26,12 +27,8 @@ def report(cfg: TrainConfig, trainer: str, device: torch.device) -> str:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     job = job_candidate(cfg, trainer, world, device.type)
     a = job.anatomy
-    if device.type == "cuda":
-        reached = f"{torch.cuda.max_memory_allocated(device) / GIB:.2f} GiB allocated at peak"
-    else:
-        import resource
-
-        reached = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB RSS"
+    reached = (f"{peak_memory_bytes(device) / GIB:.2f} GiB "
+               + ("allocated at peak" if device.type == "cuda" else "RSS"))
     tries = []
     if job.micro_batch > 1:
         tries.append(f"--grad-accum {cfg.grad_accum * 2} (micro-batch {job.micro_batch} -> "

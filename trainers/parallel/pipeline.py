@@ -93,7 +93,6 @@ class PipelineStrategy(Strategy):
         schedule_class = SCHEDULES[cfg.schedule]
         stages = self.stages if cfg.virtual_stages > 1 else self.stages[0]
         self.schedule = schedule_class(stages, n_microbatches=cfg.microbatches, loss_fn=_loss)
-        self.first_rank = dist.get_global_rank(self.pp_group, 0)
         self.last_rank = dist.get_global_rank(self.pp_group, (num_stages - 1) % pp)
         self.holds_last = (num_stages - 1) in indices
         self.tied_group = _tied_weight_group(mesh, num_stages - 1)
