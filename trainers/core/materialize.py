@@ -35,14 +35,28 @@ def parameter_seed(seed: int, name: str) -> int:
     return zlib.crc32(f"{seed}/{name}".encode())
 
 
+def _tie(model: nn.Module, shared: dict[str, str]) -> None:
+    """Point each alias in ``shared`` at its parameter again: allocating a meta model
+    (``to_empty``) gives every module a parameter of its own. An alias whose module or target
+    this part of the model lacks (a pipeline stage) is left alone."""
+    for alias, target in shared.items():
+        owner, _, attribute = alias.rpartition(".")
+        try:
+            module, parameter = model.get_submodule(owner), model.get_parameter(target)
+        except AttributeError:
+            continue
+        setattr(module, attribute, parameter)
+
+
 @torch.no_grad()
 def materialize(model: nn.Module, device: torch.device | None, seed: int) -> None:
     """Allocate ``model``'s parameters on ``device`` (None: leave them where they are, e.g.
-    already placed on several devices) and give each the initial value of the whole model's
-    parameter of its name, sharded as the parameter is."""
+    already placed on several devices), tie its shared parameters, and give each parameter the
+    initial value of the whole model's parameter of its name, sharded as the parameter is."""
     if device is not None:
         model.to_empty(device=device)
     shared = getattr(model, "shared_parameters", {})
+    _tie(model, shared)
     for raw_name, param in model.named_parameters():
         name = parameter_name(raw_name, shared)
         generator = torch.Generator(device=param.device).manual_seed(parameter_seed(seed, name))

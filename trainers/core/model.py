@@ -108,15 +108,6 @@ class Transformer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight
 
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
-        """Keep the head tied to the embedding when a conversion replaces parameters (``to_empty``
-        from the meta device gives each module a new one)."""
-        super()._apply(fn, recurse)
-        if self.head is not None and self.tok_emb is not None:
-            self.head.weight = self.tok_emb.weight
-        return self
-
-
     def init_parameter(self, name: str, value: torch.Tensor, generator: torch.Generator) -> None:
         """Fill ``value``, the whole parameter ``name``, with its initial value (GPT-2's):
         N(0, 0.02) for matrices and embeddings, residual projections scaled by 1/sqrt(2 L),

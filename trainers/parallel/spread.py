@@ -22,10 +22,10 @@ class SpreadTransformer(nn.Module):
         self.placement = [devices[index // per_device] for index in range(len(model.blocks))]
         for block, device in zip(model.blocks.values(), self.placement, strict=True):
             block.to_empty(device=device)
-        # The head shares the embedding's weight, so it runs where the embedding lives.
+        # The head shares the embedding's weight (materialize ties them), so it runs where
+        # the embedding lives.
         self.input_device = self.head_device = devices[0]
         model.tok_emb.to_empty(device=devices[0])
-        model.head.weight = model.tok_emb.weight
         model.pos_emb.to_empty(device=devices[0])
         model.norm.to_empty(device=self.placement[-1])
         self.model = model
