@@ -35,7 +35,7 @@ def _checkpointer(tmp_path, env, keep: int = 3, seed: int = 0):
     """A checkpointer of a tiny model and optimizer, its step and this rank's RNG."""
     model, optimizer = _state(seed)
     progress = Progress()
-    ckpt = Checkpointer(tmp_path, keep, env, "tiny",
+    ckpt = Checkpointer(tmp_path, keep, env, {"model": "tiny"},
                         state={"train": ModelAndOptimizer(model, optimizer), "progress": progress},
                         rank_state={"rng": RankRNG()})
     return ckpt, model, optimizer, progress

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import sys
 
 import torch
@@ -62,7 +63,11 @@ def main() -> None:
         dist.all_gather_object(records, measure_case(sharding, name, dtype, checkpointing))
         if dist.get_rank() == 0:
             print("\n".join(json.dumps(r) for r in records), flush=True)
+    dist.barrier()
     dist.destroy_process_group()
+    # Skip interpreter finalization: gloo's worker threads may still release tensors there,
+    # which aborts the process now and then ("terminate called without an active exception").
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -114,12 +114,14 @@ def _write_failure(err: BaseException, folder: Path) -> str:
 class Checkpointer:
     """Saves and resumes the run in ``run_dir``, keeping the ``keep`` newest checkpoints.
 
+    ``run_config`` (the run's TrainConfig as a dict) goes into every manifest, so a checkpoint
+    alone says how to rebuild its model (``trainers.sample``, ``trainers.export``).
     ``state`` maps names to the Stateful objects every checkpoint holds (saved through DCP,
     the same on every rank or sharded); ``rank_state`` to those private to each rank (saved per
     rank, restored only at the world size they were saved at).
     """
 
-    def __init__(self, run_dir: Path, keep: int, env: DistEnv, model_name: str,
+    def __init__(self, run_dir: Path, keep: int, env: DistEnv, run_config: dict[str, Any],
                  state: dict[str, Stateful], rank_state: dict[str, Stateful] | None = None,
                  kill_at: KillPoint | None = None) -> None:
         self.state = state
@@ -128,7 +130,7 @@ class Checkpointer:
         self.folder = run_dir / CHECKPOINTS
         self.keep = keep
         self.env = env
-        self.model_name = model_name
+        self.run_config = run_config
         self.kill_at = kill_at
 
     def save(self, step: int) -> Path:
@@ -162,8 +164,9 @@ class Checkpointer:
         dist.barrier()
         if self.env.is_main:
             files = {p.name: [p.stat().st_size, crc32(p)] for p in sorted(tmp.iterdir())}
-            manifest = {"format": FORMAT, "step": step, "model": self.model_name,
-                        "world_size": self.env.world_size, "files": files}
+            manifest = {"format": FORMAT, "step": step, "model": self.run_config["model"],
+                        "world_size": self.env.world_size, "config": self.run_config,
+                        "files": files}
             with open(tmp / MANIFEST, "w") as f:
                 json.dump(manifest, f, indent=1)
                 f.flush()

@@ -83,7 +83,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     kill_at = kill_point()
     progress = Progress()
     checkpointer = Checkpointer(
-        run_dir, cfg.keep_checkpoints, env, cfg.model,
+        run_dir, cfg.keep_checkpoints, env, cfg.to_dict(),
         state={"train": ModelAndOptimizer(strategy.model, optimizer), "progress": progress,
                "schedule": scheduler, "data": stream},
         rank_state={"rng": RankRNG()}, kill_at=kill_at)
