@@ -33,9 +33,9 @@ class Plan:
 
 def measure(cfg: Any, env: Any, build: Callable[[Any, Any], Any]) -> dict[str, Any]:
     """One rank (:func:`bench.harness.serve_rank`): the peak RSS around the trainer's build."""
-    from trainers.core.model import meta_model
+    from trainers.core.model_spec import spec_of
 
-    sizes = [p.numel() * p.element_size() for p in meta_model(cfg).parameters()]
+    sizes = [p.numel() * p.element_size() for p in spec_of(cfg).meta_model().parameters()]
     before, start = peak_memory_bytes(HOST), time.perf_counter()
     strategy = build(cfg, env)
     seconds, after = time.perf_counter() - start, peak_memory_bytes(HOST)

@@ -20,6 +20,7 @@ from components.errors import ComponentArgumentError
 from trainers.spec import faults, registry
 from trainers.spec.config import parse_config
 from trainers.spec.errors import ConfigError
+from trainers.spec.models import model_kind
 from trainers.spec.planner import GIB, check_fits
 
 # The image that container schedulers (kubernetes, local_docker) run; local_cwd ignores it.
@@ -148,7 +149,8 @@ def trainer_app(
     The memory pre-flight (:func:`trainers.spec.planner.check_fits`) runs against
     ``device_memory_gb`` per rank, or on CPU-only jobs against the node's ``memMB`` shared by
     its processes; GPU jobs without ``device_memory_gb`` (or with a named resource ``h``) are
-    not checked.
+    not checked, nor are models in files (``hf:DIR``, ``MODULE:ATTR``) with
+    ``check_paths`` false.
     """
     min_nodes, max_nodes, nproc = node_range(j)
     args = list(script_args)
@@ -163,7 +165,8 @@ def trainer_app(
         check_kill_point(env, world_sizes[-1])
         memory = (device_memory_gb * GIB if device_memory_gb > 0
                   else memMB * 2**20 / nproc if gpu == 0 and h is None else 0)
-        if memory:
+        # A model in files (hf:DIR, MODULE:ATTR) is read only where the paths are checked.
+        if memory and (check_paths or model_kind(cfg.model) == "builtin"):
             check_fits(cfg, trainer, world_sizes[0], nproc, min_nodes,
                        int(memory), "cuda" if gpu > 0 else "cpu")
     except ConfigError as err:

@@ -21,7 +21,8 @@ from trainers.core.attention import (
     sliding_window,
     tiled,
 )
-from trainers.core.model import Attention, build_model
+from trainers.core.model import Attention
+from trainers.core.model_spec import build_model
 from trainers.spec.config import TrainConfig, build_parser, parse_config
 from trainers.spec.errors import ConfigError
 from trainers.spec.shapes import MODEL_SIZES

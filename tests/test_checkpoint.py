@@ -18,7 +18,7 @@ from trainers.core.checkpoint import (
     find_checkpoints,
     verify,
 )
-from trainers.core.model import build_model
+from trainers.core.model_spec import build_model
 from trainers.spec.config import parse_config
 from trainers.spec.errors import ConfigError
 

@@ -33,7 +33,7 @@ def test_micro_batch_is_global_over_accumulation_and_replicas(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "huge"], "invalid choice: 'huge'"),
+    (["--model", "huge"], "--model huge: not a built-in size"),
     (["--steps", "0"], "--steps must be positive"),
     (["--steps", "-3"], "--steps must be positive"),
     (["--batch-size", "0"], "--batch-size must be positive"),
@@ -99,7 +99,7 @@ def test_component_rejects_bad_arguments_before_scheduling(tmp_path):
         ddp("--model", "tiny", j="1x0")
     with pytest.raises(ComponentArgumentError, match="expected"):
         ddp(j="two")
-    with pytest.raises(ComponentArgumentError, match="invalid choice: 'huge'"):
+    with pytest.raises(ComponentArgumentError, match="--model huge: not a built-in size"):
         ddp("--model", "huge")
     # 2 nodes x 3 processes = 6 replicas: 32 does not divide.
     with pytest.raises(ComponentArgumentError, match="data-parallel size 6"):

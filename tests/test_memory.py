@@ -13,7 +13,7 @@ import torch
 from bench.memory_probe import measure_step
 from tests.conftest import REPO, _env
 from trainers.core.loop import build_optimizer
-from trainers.core.model import build_model
+from trainers.core.model_spec import build_model, resolve_spec
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.spec.config import parse_config
 from trainers.spec.memory import Layout, anatomy_table, predict
@@ -37,7 +37,7 @@ def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
     torch.manual_seed(0)
     model = build_model(name)
     if checkpointing:
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, resolve_spec(name))
     optimizer = build_optimizer(model, cfg)
     batch, seq = 4, 64  # the shapes are the model's; a short sequence keeps it fast
     inputs, targets = torch.randint(0, 256, (2, batch, seq))

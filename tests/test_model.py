@@ -1,4 +1,4 @@
-"""The transformer: shapes, causality, tied head, parameter count and FLOPs from the config."""
+"""The built-in families: shapes, causality, heads, parameter count and FLOPs from the config."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainers.core.model import Transformer, build_model
+from trainers.core.model_spec import build_model, resolve_spec
 from trainers.spec.shapes import MODEL_SIZES
 
 
@@ -36,8 +36,7 @@ def test_head_is_tied_to_the_embedding():
 
 @pytest.mark.parametrize("name", sorted(MODEL_SIZES))
 def test_parameter_count_matches_the_config(name):
-    with torch.device("meta"):
-        model = Transformer(MODEL_SIZES[name])
+    model = resolve_spec(name).meta_model()
     assert sum(p.numel() for p in model.parameters()) == MODEL_SIZES[name].num_params()
 
 
@@ -70,7 +69,6 @@ def test_weights_come_from_the_seed_and_the_name_alone():
     """Built on the meta device and materialized, a part of the model (a pipeline stage, with
     activation checkpointing) gets exactly the whole model's weights of the same names."""
     from trainers.core.materialize import materialize
-    from trainers.core.model import build_meta_model
     from trainers.parallel.checkpointing import apply_activation_checkpointing
     from trainers.parallel.pipeline import split_stage
 
@@ -78,9 +76,10 @@ def test_weights_come_from_the_seed_and_the_name_alone():
     assert not torch.equal(whole["tok_emb.weight"],
                            build_model("tiny", seed=8).tok_emb.weight)
     for stage in range(2):
-        part = split_stage(build_meta_model("tiny"), stage, 2)
-        apply_activation_checkpointing(part)
-        materialize(part, torch.device("cpu"), 7)
+        spec = resolve_spec("tiny")
+        part = split_stage(spec.meta_model(), spec, stage, 2)
+        apply_activation_checkpointing(part, spec)
+        materialize(part, torch.device("cpu"), 7, spec)
         names = part.state_dict().keys()  # wrapper prefixes removed, tied head included
         assert ("tok_emb.weight" in names) == (stage == 0) and ("head.weight" in names) == stage
         for name, value in part.state_dict().items():

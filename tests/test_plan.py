@@ -70,7 +70,7 @@ def test_plan_command_prints_the_table_and_a_command():
     (["--device-memory-gb", "0"], "--device-memory-gb must be positive"),
     (["--nodes=-1"], "--nodes must be positive"),
     (["--seq-len", "9000"], "--seq-len must be in 1..2048"),
-    (["--model", "huge"], "invalid choice: 'huge'"),
+    (["--model", "huge"], "--model huge: not a built-in size"),
     (["--dtype", "fp8"], "invalid choice: 'fp8'"),
     (["--heads", "5"], "--heads 5 does not divide the hidden size 4096"),
     (["--model", "7b", "--device-memory-gb", "4"], "no configuration fits 4.0 GiB"),

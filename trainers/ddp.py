@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.materialize import materialize
-from trainers.core.model import meta_model
+from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.parallel.ddp import DDPStrategy
@@ -21,10 +21,11 @@ from trainers.spec.config import TrainConfig
 
 def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     """The whole model on every rank, wrapped in DDP."""
-    model = meta_model(cfg)
+    spec = spec_of(cfg)
+    model = spec.meta_model()
     if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model)
-    materialize(model, env.device, cfg.seed)
+        apply_activation_checkpointing(model, spec)
+    materialize(model, env.device, cfg.seed, spec)
     return DDPStrategy(model, env)
 
 

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.materialize import materialize
-from trainers.core.model import meta_model
+from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
@@ -29,12 +29,14 @@ from trainers.spec.config import TrainConfig
 def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     """The model sharded with FSDP2 over a 1-D mesh of every rank."""
     mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
-    model = meta_model(cfg)
+    spec = spec_of(cfg)
+    model = spec.meta_model()
     if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model)
-    apply_fsdp(model, mesh, cfg.reshard_after_forward, cfg.dtype == "bf16", cfg.cpu_offload)
+        apply_activation_checkpointing(model, spec)
+    apply_fsdp(model, spec, mesh, cfg.reshard_after_forward, cfg.dtype == "bf16",
+               cfg.cpu_offload)
     # Offloaded shards live in CPU memory, where FSDP's CPUOffloadPolicy expects them.
-    materialize(model, torch.device("cpu") if cfg.cpu_offload else env.device, cfg.seed)
+    materialize(model, torch.device("cpu") if cfg.cpu_offload else env.device, cfg.seed, spec)
     return ShardedStrategy(model, dp_rank=env.rank, dp_size=env.world_size)
 
 

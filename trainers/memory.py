@@ -9,12 +9,12 @@ from __future__ import annotations
 from trainers.spec.config import OneLineParser, exit_on_config_error
 from trainers.spec.errors import ConfigError
 from trainers.spec.memory import anatomy_table
-from trainers.spec.shapes import MODEL_SIZES
+from trainers.spec.models import MODEL_HELP, model_shape
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineParser(prog="trainers.memory", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="1b", choices=sorted(MODEL_SIZES))
+    parser.add_argument("--model", default="1b", help=MODEL_HELP)
     parser.add_argument("--micro-batch", type=int, default=1, help="sequences per rank")
     parser.add_argument("--seq-len", type=int, default=0, help="0: the model's context")
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
             if getattr(args, flag) < 1:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
                                   f"{getattr(args, flag)}")
-        shape = MODEL_SIZES[args.model]
+        shape = model_shape(args.model)
         seq = args.seq_len or shape.max_seq_len
         if not 0 < seq <= shape.max_seq_len:
             raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}")

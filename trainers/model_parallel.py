@@ -15,21 +15,22 @@ from collections.abc import Sequence
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.materialize import materialize
-from trainers.core.model import meta_model
+from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.parallel.ddp import DDPStrategy
-from trainers.parallel.spread import SpreadTransformer, parse_devices
+from trainers.parallel.spread import SpreadModel, parse_devices
 from trainers.spec.config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     """The blocks spread over ``--devices`` in this process; DDP across processes."""
-    model = meta_model(cfg)
+    spec = spec_of(cfg)
+    model = spec.meta_model()
     if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model)
-    spread = SpreadTransformer(model, parse_devices(cfg.devices))
-    materialize(model, None, cfg.seed)
+        apply_activation_checkpointing(model, spec)
+    spread = SpreadModel(model, spec, parse_devices(cfg.devices))
+    materialize(model, None, cfg.seed, spec)
     return DDPStrategy(spread, env)
 
 

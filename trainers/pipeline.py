@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.materialize import materialize
-from trainers.core.model import meta_model
+from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.parallel.pipeline import PipelineStrategy, split_stage, stage_indices
@@ -32,14 +32,15 @@ def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     mesh = init_device_mesh(env.device.type, (cfg.pp, dp), mesh_dim_names=("pp", "dp"))
     num_stages = cfg.pp * cfg.virtual_stages
     indices = stage_indices(mesh["pp"].get_local_rank(), cfg.pp, num_stages)
+    spec = spec_of(cfg)
     parts = []
     for index in indices:
-        part = split_stage(meta_model(cfg), index, num_stages)
+        part = split_stage(spec.meta_model(), spec, index, num_stages)
         if cfg.activation_checkpointing:
-            apply_activation_checkpointing(part)
-        materialize(part, env.device, cfg.seed)
+            apply_activation_checkpointing(part, spec)
+        materialize(part, env.device, cfg.seed, spec)
         parts.append(part)
-    return PipelineStrategy(parts, indices, cfg, mesh, env.device)
+    return PipelineStrategy(parts, spec, indices, cfg, mesh, env.device)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,14 +11,14 @@ from collections.abc import Sequence
 
 from trainers.spec.config import OneLineParser, exit_on_config_error
 from trainers.spec.errors import ConfigError
+from trainers.spec.models import MODEL_HELP, model_shape
 from trainers.spec.planner import GIB, custom_shape, recommend, table
 from trainers.spec.registry import TRAINERS
-from trainers.spec.shapes import MODEL_SIZES
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = OneLineParser(prog="trainers.plan", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="7b", choices=sorted(MODEL_SIZES))
+    parser.add_argument("--model", default="7b", help=MODEL_HELP)
     parser.add_argument("--seq-len", type=int, default=0, help="0: the model's context")
     parser.add_argument("--global-batch", type=int, default=256, help="sequences per step")
     parser.add_argument("--devices-per-node", type=int, default=8)
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if getattr(args, flag) <= 0:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
                                   f"{getattr(args, flag)}")
-        shape = custom_shape(MODEL_SIZES[args.model], args.layers, args.heads, args.hidden,
+        shape = custom_shape(model_shape(args.model), args.layers, args.heads, args.hidden,
                              args.vocab, args.context)
         seq = args.seq_len or shape.max_seq_len
         if not 0 < seq <= shape.max_seq_len:

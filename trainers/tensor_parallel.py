@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.materialize import materialize
-from trainers.core.model import meta_model
+from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
@@ -29,14 +29,15 @@ def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     than one group."""
     dp = cfg.dp_size(env.world_size)
     mesh = init_device_mesh(env.device.type, (dp, cfg.tp), mesh_dim_names=("dp", "tp"))
-    model = meta_model(cfg)
-    apply_tensor_parallel(model, mesh["tp"], cfg.sequence_parallel)
+    spec = spec_of(cfg)
+    model = spec.meta_model()
+    apply_tensor_parallel(model, spec, mesh["tp"], cfg.sequence_parallel)
     if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, spec)
     if dp > 1:
-        apply_fsdp(model, mesh["dp"], cfg.reshard_after_forward, cfg.dtype == "bf16",
+        apply_fsdp(model, spec, mesh["dp"], cfg.reshard_after_forward, cfg.dtype == "bf16",
                    cfg.cpu_offload)
-    materialize(model, env.device, cfg.seed)
+    materialize(model, env.device, cfg.seed, spec)
     if dp == 1:
         return Strategy(model, dp_rank=0, dp_size=1)
     return ShardedStrategy(model, dp_rank=mesh["dp"].get_local_rank(), dp_size=dp,

@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from bench.memory_probe import measure_step
 from trainers.core.distributed import DistEnv
 from trainers.core.loop import build_optimizer
-from trainers.core.model import build_model
+from trainers.core.model_spec import build_model, resolve_spec
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.parallel.ddp import DDPStrategy
 from trainers.parallel.fsdp import apply_fsdp
@@ -34,14 +34,15 @@ def measure_case(sharding: str, name: str, dtype: str, checkpointing: bool) -> d
     world, rank = dist.get_world_size(), dist.get_rank()
     cfg = parse_config(["--model", name], "ddp", world_sizes=[world], check_paths=False)
     torch.manual_seed(0)
+    spec = resolve_spec(name)
     model = build_model(name)
-    shape = model.cfg
+    shape = spec.shape
     if checkpointing:
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, spec)
     if sharding == "ddp":
         model = DDPStrategy(model, DistEnv(rank, world, rank, torch.device("cpu"), "gloo")).model
     else:
-        apply_fsdp(model, init_device_mesh("cpu", (world,)), sharding == "zero3",
+        apply_fsdp(model, spec, init_device_mesh("cpu", (world,)), sharding == "zero3",
                    bf16=dtype == "bf16", cpu_offload=False)
     optimizer = build_optimizer(model, cfg)
     batch, seq = 4, 64  # the shapes are the model's; a short sequence keeps it fast

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from trainers.core.model import build_model
+from trainers.core.model_spec import build_model, resolve_spec
 from trainers.parallel.tensor_parallel import apply_tensor_parallel
 
 
@@ -32,7 +32,7 @@ def main() -> None:
     torch.manual_seed(0)
     reference = build_model("tiny")
     sharded = copy.deepcopy(reference)
-    apply_tensor_parallel(sharded, mesh, sequence_parallel)
+    apply_tensor_parallel(sharded, resolve_spec("tiny"), mesh, sequence_parallel)
     tokens, targets = torch.randint(0, 256, (2, 4, 32), generator=torch.Generator().manual_seed(1))
     worst = 0.0
     outputs = []

@@ -30,7 +30,7 @@ from trainers.core.metrics import (
 from trainers.core.strategy import Strategy
 from trainers.spec.config import TrainConfig
 from trainers.spec.faults import kill_point, maybe_kill, restart_count
-from trainers.spec.shapes import MODEL_SIZES
+from trainers.spec.models import model_shape
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -71,7 +71,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     checkpoint, if any, are done, with the committed checkpoint directory at checkpoint steps.
     """
     run_dir = Path(cfg.output_dir)
-    model_cfg = MODEL_SIZES[cfg.model]
+    model_cfg = model_shape(cfg.model)
     train_set, val_set = build_datasets(cfg, model_cfg.vocab_size)
     micro = cfg.micro_batch(strategy.dp_size)
     stream = BatchStream(train_set, micro, strategy.dp_rank, strategy.dp_size, cfg.seed,
@@ -160,7 +160,7 @@ def _summarize(cfg: TrainConfig, env: DistEnv, history: list[dict[str, float]],
     step_time = sum(m["step_time_s"] for m in timed) / len(timed)
     tokens_per_s = cfg.batch_size * cfg.seq_len / step_time
     summary: dict[str, Any] = {
-        "model": cfg.model, "params": MODEL_SIZES[cfg.model].num_params(),
+        "model": cfg.model, "params": model_shape(cfg.model).num_params(),
         "world_size": env.world_size,
         "steps": cfg.steps, "resumed_from_step": start_step,
         "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],

@@ -8,22 +8,28 @@ the parameter's name, generating the whole tensor and keeping this rank's shard,
 at a time: a rank's memory at the end of setup is its shards plus the largest parameter, and
 every rank of every trainer agrees with the single-process model.
 
-The model supplies ``init_parameter(name, value, generator)`` (fill the whole parameter
-``name`` in place) and ``shared_parameters`` (names that alias another parameter, as a tied
-head does, mapped to that one's name).
+The model's spec (:class:`trainers.core.model_spec.ModelSpec`) supplies
+``init_parameter(name, value, generator)`` (fill the whole parameter ``name`` in place) and
+``shared_parameters`` (names that alias another parameter, as a tied head does, mapped to that
+one's name) and, for a model with buffers, ``init_buffers(model)``.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+if TYPE_CHECKING:
+    from trainers.core.model_spec import ModelSpec
 
-def parameter_name(name: str, shared: dict[str, str]) -> str:
+
+def parameter_name(name: str, shared: Mapping[str, str]) -> str:
     """The model's own name of parameter ``name``: wrapper prefixes (activation checkpointing)
     removed and aliases resolved, so every trainer seeds a parameter alike."""
     name = name.replace(_CHECKPOINT_PREFIX, "")
@@ -35,7 +41,7 @@ def parameter_seed(seed: int, name: str) -> int:
     return zlib.crc32(f"{seed}/{name}".encode())
 
 
-def _tie(model: nn.Module, shared: dict[str, str]) -> None:
+def _tie(model: nn.Module, shared: Mapping[str, str]) -> None:
     """Point each alias in ``shared`` at its parameter again: allocating a meta model
     (``to_empty``) gives every module a parameter of its own. An alias whose module or target
     this part of the model lacks (a pipeline stage) is left alone."""
@@ -49,19 +55,21 @@ def _tie(model: nn.Module, shared: dict[str, str]) -> None:
 
 
 @torch.no_grad()
-def materialize(model: nn.Module, device: torch.device | None, seed: int) -> None:
-    """Allocate ``model``'s parameters on ``device`` (None: leave them where they are, e.g.
-    already placed on several devices), tie its shared parameters, and give each parameter the
-    initial value of the whole model's parameter of its name, sharded as the parameter is."""
+def materialize(model: nn.Module, device: torch.device | None, seed: int,
+                spec: ModelSpec) -> None:
+    """Allocate ``model``'s parameters (the model of ``spec``, or a part of it) on ``device``
+    (None: leave them where they are, e.g. already placed on several devices), tie its shared
+    parameters, and give each parameter the initial value of the whole model's parameter of
+    its name, sharded as the parameter is."""
     if device is not None:
         model.to_empty(device=device)
-    shared = getattr(model, "shared_parameters", {})
+    shared = spec.shared_parameters
     _tie(model, shared)
     for raw_name, param in model.named_parameters():
         name = parameter_name(raw_name, shared)
         generator = torch.Generator(device=param.device).manual_seed(parameter_seed(seed, name))
         whole = torch.empty(param.shape, dtype=param.dtype, device=param.device)
-        model.init_parameter(name, whole, generator)
+        spec.init_parameter(name, whole, generator)
         if isinstance(param, DTensor):
             # Every rank holds the same whole tensor, so each cuts out its own shard (no
             # communication: src_data_rank=None).
@@ -71,3 +79,5 @@ def materialize(model: nn.Module, device: torch.device | None, seed: int) -> Non
         else:
             param.copy_(whole)
         del whole
+    if spec.init_buffers is not None:
+        spec.init_buffers(model)

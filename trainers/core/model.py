@@ -1,25 +1,29 @@
-"""A decoder-only transformer in plain PyTorch; it knows nothing about parallelism.
+"""The GPT-2-style family: a decoder-only transformer in plain PyTorch, and its model spec.
 
 Pre-norm blocks (LayerNorm -> causal self-attention -> residual, LayerNorm -> GELU MLP ->
 residual), learned positional embeddings and a head tied to the token embedding. Attention
 projections are separate ``wq``/``wk``/``wv``/``wo`` and the MLP is ``up``/``down`` so that tensor
 parallelism can shard them column- and row-wise; attention infers the number of local heads
-from the projection width, so it runs unchanged on a sharded block.
+from the projection width, so it runs unchanged on a sharded block. :func:`gpt_spec` tells the
+trainers how to build, initialize and parallelize it (:mod:`trainers.core.model_spec`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import ClassVar
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
 
 from trainers.core.attention import attention_fn, sdpa
-from trainers.core.materialize import materialize
-from trainers.spec.config import TrainConfig
-from trainers.spec.shapes import MODEL_SIZES, ModelConfig
+from trainers.core.model_spec import ModelSpec, ParameterInit
+from trainers.spec.shapes import ModelConfig
 
 
 class Attention(nn.Module):
@@ -85,15 +89,11 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """Token ids ``(batch, seq)`` -> logits ``(batch, seq, vocab)``.
 
-    A part of the model is this module with some blocks deleted and the embeddings
-    (``tok_emb``, ``pos_emb``, ``emb_dropout``) or the output (``norm``, ``head``) set to None:
-    its forward then takes or returns hidden states, and parameter names stay those of the
-    whole model. Built on the meta device, it is given its weights by
-    :func:`trainers.core.materialize.materialize` through :meth:`init_parameter`.
+    A part of the model (a pipeline stage) is this module with some blocks deleted and the
+    embeddings (``tok_emb``, ``pos_emb``, ``emb_dropout``) or the output (``norm``, ``head``)
+    set to None: its forward then takes or returns hidden states, and parameter names stay
+    those of the whole model. The head shares the token embedding's weight.
     """
-
-    # Parameters that are another one under a second name (the tied head), by that name.
-    shared_parameters: ClassVar[dict[str, str]] = {"head.weight": "tok_emb.weight"}
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -108,57 +108,57 @@ class Transformer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight
 
-    def init_parameter(self, name: str, value: torch.Tensor, generator: torch.Generator) -> None:
-        """Fill ``value``, the whole parameter ``name``, with its initial value (GPT-2's):
-        N(0, 0.02) for matrices and embeddings, residual projections scaled by 1/sqrt(2 L),
-        LayerNorm weights 1 and biases 0."""
-        if value.dim() < 2:
-            value.fill_(1.0 if name.endswith("weight") else 0.0)
-            return
-        std = 0.02
-        if name.endswith(("wo.weight", "down.weight")):
-            std /= (2 * self.cfg.n_layers) ** 0.5
-        value.normal_(mean=0.0, std=std, generator=generator)
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token plus positional embeddings: ``(batch, seq)`` -> ``(batch, seq, d_model)``."""
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.emb_dropout(self.tok_emb(tokens) + self.pos_emb(positions))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tok_emb is not None:
-            x = self.embed(x)
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.emb_dropout(self.tok_emb(x) + self.pos_emb(positions))
         for block in self.blocks.values():
             x = block(x)
         return x if self.head is None else self.head(self.norm(x))
 
 
-def build_model(name: str, dropout: float = 0.0, attention: str = "sdpa",
-                attention_window: int = 256, seed: int | None = None,
-                device: torch.device | str = "cpu") -> Transformer:
-    """The named size with ``dropout`` and the ``attention`` implementation (``attention_window``
-    keys per query for ``sliding_window``), built on the meta device and materialized on
-    ``device`` with the weights every trainer gives it for ``seed`` (default: the seed torch
-    was last seeded with); see :mod:`trainers.core.materialize`.
-
-    Raises ValueError for an unknown attention, a window < 1, or dropout > 0 with an attention
-    other than ``sdpa``.
-    """
-    model = build_meta_model(name, dropout, attention, attention_window)
-    materialize(model, torch.device(device),
-                torch.initial_seed() if seed is None else seed)
-    return model
+def gpt_init(n_layers: int) -> ParameterInit:
+    """GPT-2's initialization: N(0, 0.02) for matrices and embeddings, residual projections
+    (``wo``, ``down``) scaled by 1/sqrt(2 L), LayerNorm weights 1 and biases 0."""
+    def init(name: str, value: torch.Tensor, generator: torch.Generator) -> None:
+        if value.dim() < 2:
+            value.fill_(1.0 if name.endswith("weight") else 0.0)
+            return
+        std = 0.02
+        if name.endswith(("wo.weight", "down.weight")):
+            std /= (2 * n_layers) ** 0.5
+        value.normal_(mean=0.0, std=std, generator=generator)
+    return init
 
 
-def meta_model(cfg: TrainConfig) -> Transformer:
-    """The model ``cfg`` configures, on the meta device (the trainers' starting point)."""
-    return build_meta_model(cfg.model, cfg.dropout, cfg.attention, cfg.attention_window)
+def block_tp_plan(sequence_parallel: bool, mlp: tuple[str, ...] = ("up",)) -> dict[str, object]:
+    """Megatron-style plan of one pre-norm block (``attn_norm``, ``attn.wq/wk/wv/wo``,
+    ``mlp_norm``, ``mlp.<in>/down``): q, k, v and the MLP's input projections ``mlp``
+    column-wise (each rank computes its share of the heads), ``wo`` and ``down`` row-wise, one
+    all-reduce after each. With ``sequence_parallel`` the residual stream between those regions
+    stays sharded along the sequence: norms run on 1/tp of the tokens and each all-reduce
+    becomes a reduce-scatter plus an all-gather."""
+    residual = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, object] = {
+        "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
+        "attn.wo": RowwiseParallel(output_layouts=residual,
+                                   use_local_output=not sequence_parallel),
+        "mlp.down": RowwiseParallel(output_layouts=residual,
+                                    use_local_output=not sequence_parallel),
+    }
+    plan.update({f"mlp.{name}": ColwiseParallel() for name in mlp})
+    if sequence_parallel:
+        gather = PrepareModuleInput(input_layouts=(Shard(1),),
+                                    desired_input_layouts=(Replicate(),))
+        plan.update({"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
+                     "attn": gather, "mlp": gather})
+    return plan
 
 
-def build_meta_model(name: str, dropout: float = 0.0, attention: str = "sdpa",
-                     attention_window: int = 256) -> Transformer:
-    """The named size on the meta device: shapes only, no memory; see :func:`build_model`."""
-    with torch.device("meta"):
-        return Transformer(dataclasses.replace(MODEL_SIZES[name], dropout=dropout,
-                                               attention=attention,
-                                               attention_window=attention_window))
+def gpt_spec(shape: ModelConfig) -> ModelSpec:
+    """The spec of the GPT-family model of ``shape``."""
+    return ModelSpec(shape=shape, build=lambda: Transformer(shape),
+                     init_parameter=gpt_init(shape.n_layers),
+                     shared_parameters={"head.weight": "tok_emb.weight"},
+                     tp_plan=block_tp_plan,
+                     first=("tok_emb", "pos_emb", "emb_dropout"), last=("norm", "head"))

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     checkpoint_wrapper,
 )
 
-from trainers.core.model import Transformer
+from trainers.core.model_spec import ModelSpec
 
 
-def apply_activation_checkpointing(model: Transformer) -> None:
-    """Recompute each block's activations in backward (non-reentrant checkpointing).
+def apply_activation_checkpointing(model: nn.Module, spec: ModelSpec) -> None:
+    """Recompute each of ``spec``'s blocks' activations in backward (non-reentrant).
 
     The wrapper keeps parameter names unchanged in state dicts, so checkpoints written with
     and without it are interchangeable.
     """
-    for name, block in list(model.blocks.items()):
-        model.blocks[name] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    container = spec.block_container(model)
+    for name, block in spec.named_blocks(model):
+        wrapped = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        if isinstance(container, nn.ModuleList):
+            container[int(name)] = wrapped
+        else:
+            container[name] = wrapped

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
@@ -15,13 +16,14 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from trainers.core.model import Transformer
+from trainers.core.model_spec import ModelSpec
 from trainers.core.strategy import Strategy
 
 
-def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: bool,
-               bf16: bool, cpu_offload: bool) -> None:
-    """FSDP2 ``fully_shard`` on each block, then on the root (embeddings, norm, head).
+def apply_fsdp(model: nn.Module, spec: ModelSpec, dp_mesh: DeviceMesh,
+               reshard_after_forward: bool, bf16: bool, cpu_offload: bool) -> None:
+    """FSDP2 ``fully_shard`` on each of ``spec``'s blocks, then on the root (the rest:
+    embeddings, norm, head).
 
     ``reshard_after_forward`` applies to the blocks; the root is never resharded after
     forward, since backward starts with it (the head) at once.
@@ -33,7 +35,7 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: b
                  if bf16 else MixedPrecisionPolicy())
     offload = (CPUOffloadPolicy(pin_memory=dp_mesh.device_type == "cuda") if cpu_offload
                else OffloadPolicy())
-    for block in model.blocks.values():
+    for _, block in spec.named_blocks(model):
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
                     mp_policy=mp_policy, offload_policy=offload)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp_policy,

@@ -1,11 +1,12 @@
 """Pipeline parallelism: the model split into stages and driven by a
 ``torch.distributed.pipelining`` schedule.
 
-The blocks are split into ``pp x virtual-stages`` stages (the embeddings go with the first, the
-final norm and head with the last), each rank running ``--virtual-stages`` of them. With ``dp``
-> 1 several pipelines train on shards of the batch and average their gradients. The token
-embedding and the head share one weight; the first and last stage keep a copy each and sum
-its gradients after backward, so the result is the single-process model's.
+The spec's blocks are split into ``pp x virtual-stages`` stages (its ``first`` modules, the
+embeddings, go with the first, its ``last``, the final norm and head, with the last), each rank
+running ``--virtual-stages`` of them. With ``dp`` > 1 several pipelines train on shards of the
+batch and average their gradients. A weight shared by the first and the last stage (a tied
+embedding and head) is kept as a copy on each, and its gradients are summed after backward, so
+the result is the single-process model's.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch.distributed.pipelining import (
 )
 
 from trainers.core.data import Batch
-from trainers.core.model import Transformer
+from trainers.core.model_spec import ModelSpec
 from trainers.core.strategy import Strategy
 from trainers.parallel.pipeline_timeline import TimedStage
 from trainers.spec.config import TrainConfig
@@ -43,30 +44,59 @@ def stage_indices(pp_rank: int, pp: int, num_stages: int) -> list[int]:
     return list(range(pp_rank, num_stages, pp))
 
 
-def split_stage(model: Transformer, stage: int, num_stages: int) -> Transformer:
+def _set_module(root: nn.Module, path: str, module: nn.Module | None) -> None:
+    """Set the submodule at dotted ``path`` of ``root``, creating empty parents as needed."""
+    *parents, attribute = path.split(".")
+    for name in parents:
+        if not hasattr(root, name):
+            setattr(root, name, nn.Module())
+        root = getattr(root, name)
+    setattr(root, attribute, module)
+
+
+def split_stage(model: nn.Module, spec: ModelSpec, stage: int, num_stages: int) -> nn.Module:
     """``model`` (on the meta device) cut down to stage ``stage`` of ``num_stages``: contiguous
-    blocks, the embeddings on the first stage, norm and head on the last; names unchanged."""
-    per_stage = len(model.blocks) // num_stages
+    blocks, the spec's ``first`` modules on the first stage and ``last`` on the last; parameter
+    names unchanged."""
+    blocks = spec.block_container(model)
+    per_stage = len(blocks) // num_stages
     keep = {str(i) for i in range(stage * per_stage, (stage + 1) * per_stage)}
-    for name in [n for n in model.blocks if n not in keep]:
-        del model.blocks[name]
-    if stage != 0:
-        model.tok_emb = model.pos_emb = model.emb_dropout = None
-    if stage != num_stages - 1:
-        model.norm = model.head = None
+    for name in [n for n, _ in spec.named_blocks(model) if n not in keep]:
+        del blocks[name]
+    for names, holder in ((spec.first, 0), (spec.last, num_stages - 1)):
+        if stage != holder:
+            for name in names:
+                _set_module(model, name, None)
     return model
 
 
-def _union(parts: list[Transformer]) -> nn.Module:
+def _union(parts: list[nn.Module], spec: ModelSpec) -> nn.Module:
     """One module over this rank's stages with the whole model's parameter names (their
-    blocks' indices are disjoint), so checkpoints name parameters as every strategy does."""
+    blocks' keys are disjoint), so checkpoints name parameters as every strategy does."""
     union = nn.Module()
-    union.blocks = nn.ModuleDict({k: b for part in parts for k, b in part.blocks.items()})
-    for name in ("tok_emb", "pos_emb", "norm", "head"):
+    _set_module(union, spec.blocks, nn.ModuleDict(
+        {k: b for part in parts for k, b in spec.named_blocks(part)}))
+    for name in spec.first + spec.last:
         for part in parts:
-            if getattr(part, name) is not None:
-                setattr(union, name, getattr(part, name))
+            module = part.get_submodule(name) if _holds(part, name) else None
+            if module is not None:
+                _set_module(union, name, module)
     return union
+
+
+def _holds(part: nn.Module, path: str) -> bool:
+    """Whether ``part`` has a (not None) submodule at ``path``."""
+    try:
+        return part.get_submodule(path) is not None
+    except AttributeError:
+        return False
+
+
+def _parameter(part: nn.Module, name: str) -> nn.Parameter | None:
+    try:
+        return part.get_parameter(name)
+    except AttributeError:
+        return None
 
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -76,8 +106,8 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class PipelineStrategy(Strategy):
     """This rank's stages of every pipeline replica, driven by one schedule per step."""
 
-    def __init__(self, parts: list[Transformer], indices: list[int], cfg: TrainConfig,
-                 mesh: DeviceMesh, device: torch.device) -> None:
+    def __init__(self, parts: list[nn.Module], spec: ModelSpec, indices: list[int],
+                 cfg: TrainConfig, mesh: DeviceMesh, device: torch.device) -> None:
         pp_mesh, dp_mesh = mesh["pp"], mesh["dp"]
         self.pp_group = pp_mesh.get_group()
         pp_rank, pp = pp_mesh.get_local_rank(), pp_mesh.size()
@@ -95,10 +125,15 @@ class PipelineStrategy(Strategy):
         self.schedule = schedule_class(stages, n_microbatches=cfg.microbatches, loss_fn=_loss)
         self.last_rank = dist.get_global_rank(self.pp_group, (num_stages - 1) % pp)
         self.holds_last = (num_stages - 1) in indices
-        self.tied_group = _tied_weight_group(mesh, num_stages - 1)
-        # The tied weight counts once in the gradient norm: on the stage with the embedding.
-        self.tied_copy = self.parts[-1].head.weight if self.holds_last and pp > 1 else None
-        super().__init__(_union(self.parts), dp_rank=dp_mesh.get_local_rank(),
+        shared = spec.shared_parameters
+        self.tied_group = _tied_weight_group(mesh, num_stages - 1) if shared else None
+        # This rank's copies of the weights the first and last stage share (summed after
+        # backward); each counts once in the gradient norm, on the first stage.
+        self.tied = [p for name in list(shared) + list(shared.values()) for part in self.parts
+                     if (p := _parameter(part, name)) is not None] if pp > 1 else []
+        self.tied_copies = {id(p) for name in shared if self.holds_last
+                            and (p := _parameter(self.parts[-1], name)) is not None}
+        super().__init__(_union(self.parts, spec), dp_rank=dp_mesh.get_local_rank(),
                          dp_size=dp_mesh.size(), dp_group=dp_mesh.get_group())
 
     def forward_backward(self, micro_batches: Sequence[Batch], autocast) -> torch.Tensor:
@@ -144,9 +179,8 @@ class PipelineStrategy(Strategy):
     def _sync_gradients(self) -> None:
         """Sum the tied embedding/head gradient over its two stages; average over replicas."""
         if self.tied_group is not None:
-            part = self.parts[0] if self.parts[0].tok_emb is not None else self.parts[-1]
-            weight = part.tok_emb.weight if part.tok_emb is not None else part.head.weight
-            dist.all_reduce(weight.grad, group=self.tied_group)
+            for weight in self.tied:
+                dist.all_reduce(weight.grad, group=self.tied_group)
         if self.dp_size > 1:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
             flat = torch.cat([g.flatten() for g in grads])
@@ -159,7 +193,7 @@ class PipelineStrategy(Strategy):
 
     def norm_grads(self) -> list[torch.Tensor]:
         return [p.grad for p in self.model.parameters()
-                if p.grad is not None and p is not self.tied_copy]
+                if p.grad is not None and id(p) not in self.tied_copies]
 
     def norm_group(self) -> dist.ProcessGroup | None:
         return self.pp_group

@@ -2,39 +2,57 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
-from trainers.core.model import Transformer
+from trainers.core.model_spec import ModelSpec
 from trainers.spec.errors import ConfigError
 
 
-class SpreadTransformer(nn.Module):
-    """``model`` (on the meta device) with its blocks allocated on ``devices``; same
-    parameters, names and outputs. The parameters are allocated, not yet initialized
+def _move_inputs(device: torch.device) -> Callable:
+    """A forward pre-hook that moves a module's tensor arguments to ``device``."""
+    def hook(module: nn.Module, args: tuple) -> tuple:
+        return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+    return hook
+
+
+class SpreadModel(nn.Module):
+    """``model`` (on the meta device) with its blocks allocated on ``devices`` in contiguous
+    groups, its ``first`` modules on the first device and its ``last`` ones with the last
+    block, except a module holding a weight shared with one elsewhere (a tied head), which
+    runs where that weight lives. Same parameters, names and outputs (logits on the first
+    device). The parameters are allocated, not yet initialized
     (:func:`trainers.core.materialize.materialize` with no device fills them in place)."""
 
-    def __init__(self, model: Transformer, devices: Sequence[torch.device]) -> None:
+    def __init__(self, model: nn.Module, spec: ModelSpec, devices: Sequence[torch.device]
+                 ) -> None:
         super().__init__()
-        per_device = -(-len(model.blocks) // len(devices))  # ceil
-        self.placement = [devices[index // per_device] for index in range(len(model.blocks))]
-        for block, device in zip(model.blocks.values(), self.placement, strict=True):
-            block.to_empty(device=device)
-        # The head shares the embedding's weight (materialize ties them), so it runs where
-        # the embedding lives.
-        self.input_device = self.head_device = devices[0]
-        model.tok_emb.to_empty(device=devices[0])
-        model.pos_emb.to_empty(device=devices[0])
-        model.norm.to_empty(device=self.placement[-1])
+        blocks = [block for _, block in spec.named_blocks(model)]
+        per_device = -(-len(blocks) // len(devices))  # ceil
+        placement = {id(b): devices[i // per_device] for i, b in enumerate(blocks)}
+        owners = {alias.rpartition(".")[0]: target.rpartition(".")[0]
+                  for alias, target in spec.shared_parameters.items()}
+        places = {name: devices[0] for name in spec.first}
+        places.update({name: placement[id(blocks[-1])] for name in spec.last})
+        for name in spec.last:
+            if name in owners:
+                places[name] = places.get(owners[name], devices[0])
+        for block in blocks:
+            self._place(block, placement[id(block)])
+        for name, device in places.items():
+            self._place(model.get_submodule(name), device)
+        self.input_device = devices[0]
         self.model = model
 
+    @staticmethod
+    def _place(module: nn.Module, device: torch.device) -> None:
+        module.to_empty(device=device)
+        module.register_forward_pre_hook(_move_inputs(device))
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.model.embed(tokens.to(self.input_device))
-        for block, device in zip(self.model.blocks.values(), self.placement, strict=True):
-            x = block(x.to(device))
-        return self.model.head(self.model.norm(x).to(self.head_device))
+        return self.model(tokens.to(self.input_device)).to(self.input_device)
 
 
 def parse_devices(spec: str) -> list[torch.device]:

@@ -22,8 +22,9 @@ from typing import Any, get_type_hints
 
 from trainers.spec.checkpoint_files import check_format, find_checkpoints, saved_manifest
 from trainers.spec.errors import ConfigError
+from trainers.spec.models import MODEL_HELP, model_shape
 from trainers.spec.registry import SCHEDULE_STAGES, serving, trainer
-from trainers.spec.shapes import MODEL_SIZES
+from trainers.spec.shapes import MODEL_SIZES, ModelConfig
 from trainers.spec.token_file import check_token_file
 
 
@@ -37,7 +38,7 @@ class TrainConfig:
     """Everything a training run needs; see ``python -m trainers.ddp --help``."""
 
     # model
-    model: str = _opt("tiny", "model size", choices=sorted(MODEL_SIZES))
+    model: str = _opt("tiny", MODEL_HELP)
     seq_len: int = _opt(0, "tokens per sequence (0: the model's context length)")
     dropout: float = _opt(0.0, "dropout probability")
     attention: str = _opt("sdpa", "attention implementation (trainers/attention.py); only sdpa "
@@ -196,12 +197,16 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
                           "attention dropout); pass --dropout 0 or --attention sdpa")
     if not 0.0 < cfg.val_fraction < 1.0:
         raise ConfigError(f"--val-fraction must be in (0, 1), got {cfg.val_fraction}")
-    context = MODEL_SIZES[cfg.model].max_seq_len
-    if cfg.seq_len > context:
-        raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the {cfg.model} model's context "
-                          f"of {context}; pass --seq-len <= {context}")
-    if cfg.seq_len == 0:
-        cfg.seq_len = context
+    # A model in files (hf:DIR, MODULE:ATTR) is read only where the paths are checked.
+    shape = model_shape(cfg.model, load=check_paths)
+    if shape is not None:
+        context = shape.max_seq_len
+        if cfg.seq_len > context:
+            raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the {cfg.model} model's context "
+                              f"of {context}; pass --seq-len <= {context}")
+        if cfg.seq_len == 0:
+            cfg.seq_len = context
+        _check_model_options(cfg, shape)
     entry = trainer(name)
     _check_trainer_options(cfg, name)
     if cfg.tp < 1 or cfg.pp < 1 or cfg.dp < 0:
@@ -224,12 +229,25 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
                 f"--batch-size {cfg.batch_size} is not divisible by --grad-accum {cfg.grad_accum} "
                 f"x data-parallel size {dp}; pass a multiple of {cfg.grad_accum * dp}")
         if entry.check is not None:
-            entry.check(cfg, world)
+            entry.check(cfg, world, shape)
     if not cfg.output_dir:
         cfg.output_dir = str(Path("outputs") / name)
     if check_paths:
-        _check_paths(cfg)
+        _check_paths(cfg, shape)
     return cfg
+
+
+def _check_model_options(cfg: TrainConfig, shape: ModelConfig) -> None:
+    """Options the model cannot honour: the attention choice and dropout exist only in the
+    built-in families."""
+    if cfg.model in MODEL_SIZES:
+        return
+    defaults = TrainConfig()
+    for option in ("attention", "attention_window", "dropout"):
+        if getattr(cfg, option) != getattr(defaults, option):
+            flag = "--" + option.replace("_", "-")
+            raise ConfigError(f"{flag} applies to the built-in models only; --model {cfg.model} "
+                              f"defines its own layers, so drop {flag}")
 
 
 def _check_trainer_options(cfg: TrainConfig, name: str) -> None:
@@ -243,10 +261,10 @@ def _check_trainer_options(cfg: TrainConfig, name: str) -> None:
                               + " or ".join(f"trainers.{t}" for t in owners) + f" or drop {flag}")
 
 
-def _check_paths(cfg: TrainConfig) -> None:
+def _check_paths(cfg: TrainConfig, shape: ModelConfig) -> None:
     _check_writable(Path(cfg.output_dir))
     if cfg.data != "synthetic":
-        check_token_file(Path(cfg.data), cfg.seq_len, MODEL_SIZES[cfg.model].vocab_size)
+        check_token_file(Path(cfg.data), cfg.seq_len, shape.vocab_size)
     if cfg.resume == "none":
         if find_checkpoints(Path(cfg.output_dir) / "checkpoints"):
             raise ConfigError(f"--resume none, but {cfg.output_dir} already holds checkpoints; "

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from trainers.spec.config import TrainConfig
 from trainers.spec.errors import ConfigError
 from trainers.spec.memory import Anatomy, Layout, block_activation_bytes, precision, predict
+from trainers.spec.models import model_shape
 from trainers.spec.registry import TRAINERS
-from trainers.spec.shapes import MODEL_SIZES, ModelConfig
+from trainers.spec.shapes import ModelConfig
 
 GIB = 2**30
 # What a process holds besides the training state: the framework, kernels, CUDA context.
@@ -152,7 +153,7 @@ def recommend(shape: ModelConfig, seq: int, global_batch: int, devices_per_node:
 
 def job_candidate(cfg: TrainConfig, trainer: str, world: int, device: str) -> Candidate:
     """What the job ``cfg`` of ``trainer`` on ``world`` ranks needs per rank."""
-    shape = dataclasses.replace(MODEL_SIZES[cfg.model], attention=cfg.attention,
+    shape = dataclasses.replace(model_shape(cfg.model), attention=cfg.attention,
                                 attention_window=cfg.attention_window)
     split = TRAINERS[trainer].split(cfg, world)
     return _candidate(trainer, split.layout, shape, cfg.seq_len, cfg.dtype,
@@ -169,7 +170,7 @@ def check_fits(cfg: TrainConfig, trainer: str, world: int, devices_per_node: int
         return
     need = f"{job.peak_bytes / GIB:.1f} GiB per rank, devices have {device_memory / GIB:.1f}"
     try:
-        better = recommend(MODEL_SIZES[cfg.model], cfg.seq_len, cfg.batch_size,
+        better = recommend(model_shape(cfg.model), cfg.seq_len, cfg.batch_size,
                            devices_per_node, nodes, device_memory, cfg.dtype, device)
     except ConfigError as err:
         raise ConfigError(f"--model {cfg.model} needs {need}; {err}") from None

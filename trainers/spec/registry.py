@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from trainers.spec.errors import ConfigError
 from trainers.spec.memory import Layout
-from trainers.spec.shapes import MODEL_SIZES
+from trainers.spec.shapes import ModelConfig
 
 if TYPE_CHECKING:
     from trainers.spec.config import TrainConfig
@@ -41,7 +41,8 @@ class Split:
 class Trainer:
     """One trainer: its entry module and everything the layers above ask about it.
 
-    ``check(cfg, world)`` raises ConfigError when ``cfg`` cannot run at ``world`` ranks;
+    ``check(cfg, world, shape)`` raises ConfigError when ``cfg`` cannot run at ``world`` ranks
+    (``shape``: the model's shape facts, None when the model's files are not read here);
     ``check_placement(cfg, nproc_per_node, gpus)`` when it cannot run with that many processes
     and GPUs per node (components call it); ``split(cfg, world)`` is the job's per-rank split
     for the planner. ``ray`` is None when Ray Train runs the trainer, else why it cannot and
@@ -52,7 +53,7 @@ class Trainer:
     summary: str
     options: frozenset[str]
     split: Callable[[TrainConfig, int], Split]
-    check: Callable[[TrainConfig, int], None] | None = None
+    check: Callable[[TrainConfig, int, ModelConfig | None], None] | None = None
     check_placement: Callable[[TrainConfig, int, int], None] | None = None
     sharded: bool = False  # data-parallel replicas shard the state (the planner shows ZeRO-n)
     accumulate_flag: str = "--grad-accum"  # the flag that sets micro-batches per step
@@ -104,20 +105,34 @@ def _model_parallel_split(cfg: TrainConfig, world: int) -> Split:
     return Split(Layout("ddp", dp=dp, pp=pp), cfg.micro_batch(dp), cfg.grad_accum)
 
 
-def check_tensor_parallel(cfg: TrainConfig, world: int) -> None:
-    """A tensor-parallel degree (>= 1, checked for every trainer) that splits the model's heads
-    and width."""
-    shape = MODEL_SIZES[cfg.model]
-    for what, size in (("heads", shape.n_heads), ("hidden size", shape.d_model)):
+def check_tensor_parallel(cfg: TrainConfig, world: int, shape: ModelConfig | None) -> None:
+    """A model with a tensor-parallel plan and a degree (>= 1, checked for every trainer)
+    that splits its query and key/value heads and its width."""
+    if cfg.sequence_parallel and cfg.tp == 1:
+        raise ConfigError("--sequence-parallel needs --tp > 1")
+    if shape is None or cfg.tp == 1:
+        return
+    if not shape.tensor_parallel:
+        raise ConfigError(f"--model {cfg.model} has no tensor-parallel plan; pass --tp 1 (e.g. "
+                          "trainers.fsdp) or give its ModelSpec a tp_plan")
+    for what, size in (("heads", shape.n_heads), ("key/value heads", shape.kv_heads),
+                       ("hidden size", shape.d_model)):
         if size % cfg.tp:
             raise ConfigError(f"--tp {cfg.tp} does not divide the {cfg.model} model's {what} "
                               f"({size}); pass a --tp that divides {size}")
-    if cfg.sequence_parallel and cfg.tp == 1:
-        raise ConfigError("--sequence-parallel needs --tp > 1")
 
 
-def check_pipeline(cfg: TrainConfig, world: int) -> None:
+def check_stages(cfg: TrainConfig, shape: ModelConfig | None, trainer: str) -> None:
+    """A model that can be split into stages (pipeline) or spread over devices."""
+    if shape is not None and not shape.pipeline:
+        raise ConfigError(f"--model {cfg.model} cannot be split into stages (its spec has no "
+                          f"first/last modules); use trainers.fsdp or trainers.ddp, not "
+                          f"trainers.{trainer}")
+
+
+def check_pipeline(cfg: TrainConfig, world: int, shape: ModelConfig | None) -> None:
     """Degrees, schedule and micro-batches that torch.distributed.pipelining can run."""
+    check_stages(cfg, shape, "pipeline")
     if cfg.pp < 2:
         raise ConfigError(f"--pp {cfg.pp}: a pipeline needs 2 or more stages ranks; pass --pp 2 "
                           "or more, or use trainers.ddp")
@@ -130,7 +145,7 @@ def check_pipeline(cfg: TrainConfig, world: int) -> None:
         runs = "several stages" if several else "one stage"
         raise ConfigError(f"--schedule {cfg.schedule} runs {runs} per rank; pass {wanted}")
     stages = cfg.pp * cfg.virtual_stages
-    blocks = MODEL_SIZES[cfg.model].n_layers
+    blocks = shape.n_layers if shape is not None else stages
     if blocks % stages:
         raise ConfigError(f"--pp {cfg.pp} x --virtual-stages {cfg.virtual_stages} = {stages} "
                           f"stages do not divide the {cfg.model} model's {blocks} blocks; pick "
@@ -148,8 +163,10 @@ def check_pipeline(cfg: TrainConfig, world: int) -> None:
                           f"{rounds} (micro-batches // pp); pass e.g. {cfg.pp * rounds}")
 
 
-def check_devices(cfg: TrainConfig, world: int) -> None:
-    """``--devices`` lists cpu or cuda:N entries (whether they exist is checked on the rank)."""
+def check_devices(cfg: TrainConfig, world: int, shape: ModelConfig | None) -> None:
+    """A model that can be spread, and ``--devices`` listing cpu or cuda:N entries (whether
+    they exist is checked on the rank)."""
+    check_stages(cfg, shape, "model_parallel")
     if cfg.devices == "auto":
         return
     for name in cfg.devices.split(","):

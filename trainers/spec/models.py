@@ -1,0 +1,108 @@
+"""What ``--model`` names, resolved to shape facts without torch.
+
+``--model`` takes a built-in size (:data:`trainers.spec.shapes.MODEL_SIZES`), ``hf:DIR`` (a
+Hugging Face causal LM whose ``config.json`` is in the local directory ``DIR``) or
+``MODULE:ATTR`` (a :class:`trainers.core.model_spec.ModelSpec` named ``ATTR`` in module
+``MODULE``, importable from the working directory or an installed package). The facts of a
+built-in or ``hf:`` model are read without torch; a ``MODULE:ATTR`` spec is user code and is
+imported to read its facts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainers.spec.errors import ConfigError
+from trainers.spec.shapes import MODEL_SIZES, ModelConfig
+
+HF_PREFIX = "hf:"
+MODEL_HELP = ("a built-in size (" + ", ".join(MODEL_SIZES) + "), hf:DIR (a Hugging Face causal "
+              "LM's local directory) or MODULE:ATTR (a ModelSpec)")
+# Hugging Face model types built like the llama family (RMSNorm, rotary, SwiGLU, GQA).
+HF_LLAMA_TYPES = ("llama", "mistral", "qwen2")
+
+
+def model_kind(name: str) -> str:
+    """``builtin``, ``hf`` or ``module``; ConfigError for a name that is none of them."""
+    if name in MODEL_SIZES:
+        return "builtin"
+    if name.startswith(HF_PREFIX):
+        return "hf"
+    module, _, attr = name.partition(":")
+    if module and attr and all(p.isidentifier() for p in module.split(".")) and attr.isidentifier():
+        return "module"
+    raise ConfigError(f"--model {name}: not a built-in size, hf:DIR or MODULE:ATTR; pass one of "
+                      f"{', '.join(MODEL_SIZES)}, hf:path/to/model or my_module:MY_SPEC")
+
+
+def hf_directory(name: str) -> Path:
+    """The directory of ``hf:DIR``; ConfigError unless it holds ``config.json``."""
+    folder = Path(name[len(HF_PREFIX):]).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"--model {name}: {folder / 'config.json'} does not exist; pass hf: and "
+                          "a local directory holding a Hugging Face config.json")
+    return folder
+
+
+def hf_shape(name: str) -> ModelConfig:
+    """Shape facts from ``hf:DIR``'s config.json: exact for llama-type models, else estimated
+    from the transformer's widths (12 L d^2 plus embeddings)."""
+    path = hf_directory(name) / "config.json"
+    try:
+        config: dict[str, Any] = json.loads(path.read_text())
+        d, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+        heads, vocab = int(config["num_attention_heads"]), int(config["vocab_size"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"--model {name}: {path} is not a causal LM config ({err}); pass a "
+                          "directory saved by transformers' save_pretrained") from None
+    context = int(config.get("max_position_embeddings", 2048))
+    tied = bool(config.get("tie_word_embeddings", False))
+    common = {"vocab_size": vocab, "n_layers": layers, "n_heads": heads, "d_model": d,
+              "max_seq_len": context, "tensor_parallel": False, "pipeline": False}
+    if config.get("model_type") in HF_LLAMA_TYPES:
+        rope = config.get("rope_parameters") or {}
+        return ModelConfig(**common, family="llama",
+                           n_kv_heads=int(config.get("num_key_value_heads") or heads),
+                           ffn_dim=int(config["intermediate_size"]), tied_head=tied,
+                           rope_theta=float(rope.get("rope_theta", config.get("rope_theta",
+                                                                               10000.0))),
+                           norm_eps=float(config.get("rms_norm_eps", 1e-6)))
+    estimate = 12 * layers * d * d + (1 if tied else 2) * vocab * d
+    return ModelConfig(**common, family=str(config.get("model_type", "hf")), params=estimate)
+
+
+def import_spec(name: str) -> Any:
+    """The object ``MODULE:ATTR`` names, imported with the working directory on the path;
+    ConfigError when it does not import or has no shape facts."""
+    module_name, _, attr = name.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - any failure of user code is reported in one line
+        raise ConfigError(f"--model {name}: module {module_name} does not import "
+                          f"({type(err).__name__}: {err}); run from the directory that holds "
+                          "it or install its package") from None
+    spec = getattr(module, attr, None)
+    if not isinstance(getattr(spec, "shape", None), ModelConfig) or not callable(
+            getattr(spec, "build", None)):
+        raise ConfigError(f"--model {name}: {module_name}.{attr} is not a model spec; define "
+                          f"{attr} = trainers.core.model_spec.ModelSpec(...) in {module_name}")
+    return spec
+
+
+def model_shape(name: str, load: bool = True) -> ModelConfig | None:
+    """The shape facts of ``--model name``. With ``load`` False (a job for a cluster, whose
+    files this machine may not have) a ``MODULE:ATTR`` or ``hf:DIR`` model gives None instead
+    of being read. Raises ConfigError (one line) for a name that cannot be resolved."""
+    kind = model_kind(name)
+    if kind == "builtin":
+        return MODEL_SIZES[name]
+    if not load:
+        return None
+    return hf_shape(name) if kind == "hf" else import_spec(name).shape
