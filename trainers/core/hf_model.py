@@ -1,0 +1,158 @@
+"""``--model hf:DIR``: a Hugging Face causal LM from a local directory, as a model spec.
+
+The model is built from ``DIR/config.json`` with ``transformers`` (an extra: ``pip install
+-e .[hf]``) on the meta device, like every model here, so FSDP shards it before any memory is
+allocated. Its weights come from ``DIR``'s safetensors files when it has any (each rank reads
+only the tensors it materializes, whole, and keeps its shard), otherwise from Hugging Face's
+initialization (N(0, ``initializer_range``), norm weights 1, biases 0). Nothing is downloaded.
+ddp and fsdp (with activation checkpointing) train it; it has no tensor-parallel plan and no
+pipeline split, so those trainers refuse it before it starts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainers.core.model_spec import ModelSpec, ParameterInit, normal_init
+from trainers.spec.errors import ConfigError
+from trainers.spec.models import hf_directory
+from trainers.spec.shapes import ModelConfig
+
+
+class CausalLM(nn.Module):
+    """A Hugging Face causal LM as the trainers call models: ids ``(batch, seq)`` -> logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tokens, use_cache=False).logits
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("--model hf:...: transformers is not installed; pip install -e '.[hf]'"
+                          ) from None
+    return transformers
+
+
+def _load_config(folder: Path):
+    transformers = _transformers()
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"--model hf:{folder}: config.json does not load ({err}); pass a "
+                          "directory saved by transformers' save_pretrained") from None
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def _weight_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it, over every file in ``folder``."""
+    from safetensors import safe_open
+    found: dict[str, Path] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as handle:
+            found.update({key: path for key in handle.keys()})  # noqa: SIM118 - not a dict
+    return found
+
+
+def _initializer(folder: Path, std: float, prefix: str) -> ParameterInit:
+    """Each parameter from the safetensors tensor of its name (without ``prefix``), else
+    Hugging Face's initialization."""
+    files = _weight_files(folder)
+    fallback = normal_init(std)
+
+    def init(name: str, value: torch.Tensor, generator: torch.Generator) -> None:
+        key = name.removeprefix(prefix)
+        if key not in files:
+            if files:
+                raise ConfigError(f"--model hf:{folder}: the safetensors files there have no "
+                                  f"tensor {key}; save the model with save_pretrained")
+            fallback(name, value, generator)
+            return
+        from safetensors import safe_open
+        with safe_open(files[key], framework="pt") as handle:
+            tensor = handle.get_tensor(key)
+        if tensor.shape != value.shape:
+            raise ConfigError(f"--model hf:{folder}: {key} is {tuple(tensor.shape)} in the "
+                              f"safetensors file but {tuple(value.shape)} in config.json")
+        value.copy_(tensor)
+    return init
+
+
+def _init_rotary(model: nn.Module) -> None:
+    """Recompute the rotary inverse frequencies, the only buffers these models hold; any other
+    buffer is refused (its values would be lost on the meta device)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    for module_name, module in model.named_modules():
+        own = dict(module.named_buffers(recurse=False))
+        if not own:
+            continue
+        if "inv_freq" not in own:
+            raise ConfigError(f"--model hf:...: {module_name} holds buffers "
+                              f"{', '.join(own)}; only models whose buffers are rotary tables "
+                              "are supported")
+        rope_type = getattr(module, "rope_type", "default")
+        compute = (module.compute_default_rope_parameters if rope_type == "default"
+                   else ROPE_INIT_FUNCTIONS[rope_type])
+        inv_freq, module.attention_scaling = compute(module.config)
+        for buffer in own.values():
+            buffer.copy_(inv_freq)
+
+
+def _blocks_path(model: nn.Module) -> str:
+    """The dotted path of the longest ModuleList: the decoder layers."""
+    lists = [(len(m), name) for name, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        raise ConfigError("--model hf:...: the model has no list of layers to shard")
+    return max(lists)[1]
+
+
+def _shared(model: nn.Module) -> dict[str, str]:
+    """Parameters reachable under a second name (a tied head), mapped to the first name."""
+    first: dict[int, str] = {}
+    shared: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            shared[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return shared
+
+
+def hf_spec(name: str, shape: ModelConfig) -> ModelSpec:
+    """The spec of ``hf:DIR`` whose shape facts are ``shape``."""
+    folder = hf_directory(name)
+    config = _load_config(folder)
+    transformers = _transformers()
+
+    def build() -> nn.Module:
+        return CausalLM(transformers.AutoModelForCausalLM.from_config(
+            config, dtype=torch.float32))
+
+    with torch.device("meta"):
+        probe = build()
+    return ModelSpec(shape=shape, build=build, blocks=_blocks_path(probe),
+                     init_parameter=_initializer(folder, config.initializer_range, "model."),
+                     shared_parameters=_shared(probe), init_buffers=_init_rotary)
+
+
+def tiny_llama_config(folder: Path, vocab_size: int = 256) -> Path:
+    """Write a tiny Llama ``config.json`` into ``folder`` (tests and examples): 4 layers, 64
+    wide, 4 query and 2 key/value heads, 64 positions."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 176,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "initializer_range": 0.02,
+        "tie_word_embeddings": False, "rope_theta": 10000.0}, indent=1))
+    return folder
