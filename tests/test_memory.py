@@ -29,7 +29,7 @@ def assert_within(measured: dict[str, int], predicted: dict[str, int], rel: floa
             f"{category}: measured {got}, predicted {want}"
 
 
-@pytest.mark.parametrize("name", ["tiny", "small"])
+@pytest.mark.parametrize("name", ["tiny", "small", "llama-tiny", "llama-small"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
@@ -40,7 +40,7 @@ def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
         apply_activation_checkpointing(model, resolve_spec(name))
     optimizer = build_optimizer(model, cfg)
     batch, seq = 4, 64  # the shapes are the model's; a short sequence keeps it fast
-    inputs, targets = torch.randint(0, 256, (2, batch, seq))
+    inputs, targets = torch.randint(0, model.cfg.vocab_size, (2, batch, seq))
     for _ in range(2):
         measured = measure_step(model, optimizer, inputs, targets, torch.autocast(
             "cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"))
@@ -53,7 +53,7 @@ def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tiny", "small"])
+@pytest.mark.parametrize("name", ["tiny", "small", "llama-tiny"])
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])
 def test_two_rank_steps_match_the_formulas(name, strategy):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",

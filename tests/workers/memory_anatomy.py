@@ -46,7 +46,7 @@ def measure_case(sharding: str, name: str, dtype: str, checkpointing: bool) -> d
                    bf16=dtype == "bf16", cpu_offload=False)
     optimizer = build_optimizer(model, cfg)
     batch, seq = 4, 64  # the shapes are the model's; a short sequence keeps it fast
-    inputs, targets = torch.randint(0, 256, (2, batch, seq),
+    inputs, targets = torch.randint(0, shape.vocab_size, (2, batch, seq),
                                     generator=torch.Generator().manual_seed(rank))
     for _ in range(3):  # the optimizer state exists after one, DDP's buckets after two
         measured = measure_step(model, optimizer, inputs, targets, torch.autocast(

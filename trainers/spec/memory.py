@@ -66,15 +66,22 @@ class Layout:
 
 def _split_params(shape: ModelConfig, tp: int, pp: int) -> tuple[int, int]:
     """(parameters, parameter tensors) held by the heaviest pipeline stage of one TP rank."""
-    d, layers = shape.d_model, shape.n_layers // pp
-    block = (4 * d * d + 2 * d * shape.d_ff) // tp + 4 * d  # matmuls split by tp, norms whole
-    embeddings = shape.vocab_size * d + shape.max_seq_len * d
-    # Tensors: 2 embeddings, 10 per block (2 norms x 2, 6 matmuls), final norm 2, head tied.
+    layers = shape.n_layers // pp
+    # Matmuls split by tp, norms whole.
+    block = shape.block_matmul_params() // tp + shape.block_norm_params()
+    blocks, tensors = layers * block, layers * shape.block_tensors()
+    embeddings, output = shape.embedding_params(), shape.output_params()
+    # Tensors outside the blocks: the embeddings, the final norm's, an untied head.
+    first_tensors = 2 if shape.family == "gpt" else 1
+    last_tensors = (2 if shape.family == "gpt" else 1) + (0 if shape.tied else 1)
     if pp == 1:
-        return embeddings + layers * block + 2 * d, 4 + 10 * layers
-    first = embeddings + layers * block
-    last = shape.vocab_size * d + layers * block + 2 * d
-    return max(first, last), 10 * layers + (2 if first >= last else 3)
+        return embeddings + blocks + output, tensors + first_tensors + last_tensors
+    first = embeddings + blocks
+    # The last stage holds a copy of a tied head.
+    last = blocks + output + (shape.vocab_size * shape.d_model if shape.tied else 0)
+    if first >= last:
+        return first, tensors + first_tensors
+    return last, tensors + last_tensors + (1 if shape.tied else 0)
 
 
 def state_bytes(shape: ModelConfig, layout: Layout) -> tuple[int, int, int]:
@@ -94,7 +101,7 @@ def gathered_bytes(shape: ModelConfig, layout: Layout, dtype: str) -> int:
     if layout.sharding == "zero2":
         return _split_params(shape, layout.tp, layout.pp)[0] * width
     if layout.sharding == "zero3":
-        return (shape.vocab_size + shape.max_seq_len + 2) * shape.d_model * width
+        return (shape.embedding_params() + shape.output_params()) * width
     return 0
 
 
@@ -103,30 +110,39 @@ def block_activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, preci
     """Bytes one block holds for backward at the end of forward, per micro-batch.
 
     With ``e = batch x seq x d_model`` elements and ``n = batch x seq`` tokens, fp32 holds
-    16 e x 4 bytes: the normed input of attention, q, k and v, the attention output, the
-    residual after attention, the normed input of the MLP, the MLP's up projection and its GELU
-    (4 e each), and the block's output; plus two LayerNorms' mean and rstd (8 n x 2) and the
-    attention's log-sum-exp (heads x n x 4). ``precision`` ``bf16`` is autocast: the matmuls'
-    inputs and outputs are bf16 copies (the attention norm is cast once for each of q, k and v)
-    while the residual stream stays fp32 (40 e bytes), and each weight's bf16 cast
-    (12 d^2 x 2) is held. ``bf16-params`` is FSDP's bf16 policy: parameters, and so every
-    activation, are bf16 (16 e x 2 bytes), and no weight copies. Tensor parallelism divides
-    what lies inside its column/row-parallel regions by ``tp``.
+    (8 e + m) x 4 bytes: the normed input of attention, q, k and v (key/value heads repeated
+    to the query heads), the attention output, the residual after attention, the normed input
+    of the MLP and the block's output, and the MLP's ``m``: its up projection and GELU (4 e
+    each) in the gpt family, gate, SiLU, up and their product (n x ffn each) in the llama
+    family, whose RMSNorms (composite ops) also keep their normalized input (2 e); plus the
+    norms' statistics (LayerNorm's mean and rstd, RMSNorm's rstd: 4 bytes
+    per token each) and the attention's log-sum-exp (heads x n x 4). ``precision`` ``bf16``
+    is autocast: the matmuls' inputs and outputs are bf16 copies (a norm's output is cast once
+    for each matmul reading it: 4 casts in gpt, 5 in llama) while the residual stream stays
+    fp32, and each weight's bf16 cast is held. ``bf16-params`` is FSDP's bf16 policy:
+    parameters, and so every activation, are bf16, and no weight copies. Tensor parallelism
+    divides what lies inside its column/row-parallel regions by ``tp``.
     """
-    d, n, heads = shape.d_model, micro_batch * seq, shape.n_heads
-    e = n * d
+    n, heads = micro_batch * seq, shape.n_heads
+    e = n * shape.d_model
+    llama = shape.family == "llama"
+    inner = 4 * e + (4 * n * shape.d_ff if llama else 8 * e)  # q, k, v, attention | MLP
     weights = 0
+    normalized = 2 * e if llama else 0
     if precision == "fp32":
-        replicated, split = 4 * e * FP32, 12 * e * FP32  # x_mid, 2 norms, out | qkv, attn, mlp
+        replicated, split = (4 * e + normalized) * FP32, inner * FP32  # x_mid, norms, out | inner
     elif precision == "bf16":
-        replicated = 2 * e * FP32 + 4 * e * BF16  # x_mid, out fp32 | 3 + 1 norm casts
-        split = 12 * e * BF16
-        weights = 12 * d * d * BF16 // tp
+        casts = 5 if llama else 4
+        # x_mid, out and the normalized inputs in fp32 | the norm outputs' casts
+        replicated = (2 * e + normalized) * FP32 + casts * e * BF16
+        split = inner * BF16
+        weights = shape.block_matmul_params() * BF16 // tp
     elif precision == "bf16-params":
-        replicated, split = 4 * e * BF16, 12 * e * BF16
+        replicated, split = (4 * e + normalized) * BF16, inner * BF16
     else:
         raise ValueError(f"unknown precision {precision!r}; use fp32, bf16 or bf16-params")
-    stats = 2 * 2 * n * FP32 + heads // tp * n * FP32
+    norm_stats = 1 if llama else 2
+    stats = 2 * norm_stats * n * FP32 + heads // tp * n * FP32
     return replicated + split // tp + weights + stats + attention_score_bytes(
         shape, micro_batch, seq, tp)
 
@@ -159,7 +175,8 @@ def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: 
     """Bytes held for backward at the end of forward by one rank, per micro-batch in flight.
 
     The model adds its embedding output, the final norm's output (with the head weight's cast
-    under autocast) and statistics and the fp32 log-probabilities of the loss
+    under autocast; an RMSNorm's normalized input too) and statistics and the fp32
+    log-probabilities of the loss
     (batch x seq x vocab x 4) on the stages that hold them. With activation checkpointing each
     block keeps only its input; backward recomputes one block at a time
     (:func:`block_activation_bytes` more, briefly).
@@ -171,7 +188,9 @@ def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: 
         shape, micro_batch, seq, precision, tp)
     head = {"fp32": e * FP32, "bf16": e * BF16 + shape.vocab_size * shape.d_model * BF16,
             "bf16-params": e * BF16}[precision]
-    ends = e * stream + head + 2 * n * FP32 + n * shape.vocab_size * FP32
+    llama = shape.family == "llama"
+    norm = (e * stream + n * FP32) if llama else 2 * n * FP32  # RMSNorm | LayerNorm's stats
+    ends = e * stream + head + norm + n * shape.vocab_size * FP32
     return layers * per_block + ends
 
 

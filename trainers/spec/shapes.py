@@ -76,6 +76,34 @@ class ModelConfig:
             return (1 if self.tied else 2) * vocab * d + self.n_layers * block + d
         return self.params
 
+    def block_matmul_params(self) -> int:
+        """Matmul weights of one block (what tensor parallelism splits)."""
+        d = self.d_model
+        if self.family == "llama":
+            return 2 * d * d + 2 * d * self.kv_heads * self.head_dim + 3 * d * self.d_ff
+        if self.family == "gpt":
+            return 4 * d * d + 2 * d * self.d_ff
+        return (self.num_params() - self.embedding_params() - self.output_params()
+                - self.n_layers * self.block_norm_params()) // self.n_layers
+
+    def block_norm_params(self) -> int:
+        """Norm parameters of one block (two LayerNorms with biases, or two RMSNorms)."""
+        return 2 * self.d_model if self.family == "llama" else 4 * self.d_model
+
+    def block_tensors(self) -> int:
+        """Parameter tensors of one block."""
+        return 9 if self.family == "llama" else 10
+
+    def embedding_params(self) -> int:
+        """Parameters of the input side (token and, for gpt, positional embeddings)."""
+        positions = self.max_seq_len * self.d_model if self.family == "gpt" else 0
+        return self.vocab_size * self.d_model + positions
+
+    def output_params(self) -> int:
+        """Parameters of the output side: the final norm and, untied, the head."""
+        norm = self.d_model if self.family == "llama" else 2 * self.d_model
+        return norm + (0 if self.tied else self.vocab_size * self.d_model)
+
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token (forward + backward = 3x forward).
 
