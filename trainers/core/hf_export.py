@@ -1,0 +1,111 @@
+"""A run's model and tokenizer as a Hugging Face directory (``from_pretrained`` reads it).
+
+:data:`CONVERTERS` maps a model family to the function that writes that family's
+``config.json`` and ``model.safetensors``; :func:`write_tokenizer` writes the run's tokenizer
+(``tokenizer.json`` and ``tokenizer_config.json``) whatever the family. Needs the ``hf`` extra
+(transformers, safetensors, tokenizers).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from trainers.spec.errors import ConfigError
+from trainers.spec.shapes import MODEL_SIZES
+from trainers.spec.text import tokenizer_file
+
+# (model, the run's config as a dict, output directory) -> writes config.json and weights.
+Converter = Callable[[nn.Module, dict[str, Any], Path], None]
+
+WEIGHTS = "model.safetensors"
+TOKENIZER = "tokenizer.json"
+
+
+def export_gpt(model: nn.Module, config: dict[str, Any], out: Path) -> None:
+    """The built-in GPT family as ``GPT2LMHeadModel``: the same function (exact GELU, LayerNorm
+    eps 1e-5, learned positions, tied head) with Conv1D weights (``(in, out)``, the transpose of
+    a Linear's), q, k and v concatenated into ``c_attn``, and zero biases where ours have none.
+
+    Raises ConfigError for an attention GPT-2 does not compute (linear attention, or a sliding
+    window shorter than the context).
+    """
+    from transformers import GPT2Config
+
+    shape = model.cfg
+    attention, window = config["attention"], config["attention_window"]
+    if attention == "linear" or (attention == "sliding_window" and window < shape.max_seq_len):
+        raise ConfigError(f"the run's attention {attention!r} (window {window}) is not GPT-2's "
+                          "full causal softmax attention; only runs with sdpa, naive, tiled or a "
+                          f"sliding window of at least {shape.max_seq_len} export to GPT-2")
+    GPT2Config(vocab_size=shape.vocab_size, n_positions=shape.max_seq_len, n_embd=shape.d_model,
+               n_layer=shape.n_layers, n_head=shape.n_heads, n_inner=shape.d_ff,
+               activation_function="gelu", layer_norm_epsilon=1e-5,
+               resid_pdrop=shape.dropout, embd_pdrop=shape.dropout, attn_pdrop=shape.dropout,
+               bos_token_id=None, eos_token_id=None, tie_word_embeddings=True,
+               architectures=["GPT2LMHeadModel"]).save_pretrained(out)
+    ours = model.state_dict()
+    tensors = {"transformer.wte.weight": ours["tok_emb.weight"],
+               "transformer.wpe.weight": ours["pos_emb.weight"],
+               "transformer.ln_f.weight": ours["norm.weight"],
+               "transformer.ln_f.bias": ours["norm.bias"]}
+    for i in range(shape.n_layers):
+        block, layer = f"blocks.{i}.", f"transformer.h.{i}."
+        conv1d = {"attn.c_attn": torch.cat([ours[f"{block}attn.{w}.weight"]
+                                            for w in ("wq", "wk", "wv")]),
+                  "attn.c_proj": ours[f"{block}attn.wo.weight"],
+                  "mlp.c_fc": ours[f"{block}mlp.up.weight"],
+                  "mlp.c_proj": ours[f"{block}mlp.down.weight"]}
+        for name, linear in conv1d.items():
+            tensors[f"{layer}{name}.weight"] = linear.t()
+            tensors[f"{layer}{name}.bias"] = linear.new_zeros(linear.shape[0])
+        for norm, ln in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
+            tensors[f"{layer}{ln}.weight"] = ours[f"{block}{norm}.weight"]
+            tensors[f"{layer}{ln}.bias"] = ours[f"{block}{norm}.bias"]
+    save_file({name: t.contiguous() for name, t in tensors.items()}, out / WEIGHTS,
+              metadata={"format": "pt"})
+
+
+# Model family -> its converter. A family is named by the model's config.
+CONVERTERS: dict[str, Converter] = {"gpt": export_gpt}
+
+
+def model_family(config: dict[str, Any]) -> str:
+    """The family of the run's model: every named size is the built-in GPT."""
+    if config["model"] in MODEL_SIZES:
+        return "gpt"
+    raise ConfigError(f"no exporter for model {config['model']!r}; exporters exist for "
+                      f"{', '.join(sorted(CONVERTERS))}")
+
+
+def byte_tokenizer() -> Any:
+    """A ``tokenizers.Tokenizer`` whose ids are UTF-8 byte values: a byte-level BPE without
+    merges over GPT-2's byte-to-character table, no regex split, no prefix space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def write_tokenizer(config: dict[str, Any], out: Path, context: int) -> None:
+    """The run's tokenizer in ``out``: its tokenizer.json copied, or for a byte-level run one
+    whose ids are the bytes; and a tokenizer_config.json for ``AutoTokenizer``."""
+    path = tokenizer_file(config)
+    if path is None:
+        byte_tokenizer().save(str(out / TOKENIZER))
+    else:
+        shutil.copyfile(path, out / TOKENIZER)
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": context,
+                "clean_up_tokenization_spaces": False}
+    (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=1) + "\n")

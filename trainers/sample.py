@@ -1,0 +1,68 @@
+"""Generate text from a run's checkpoint: ``python -m trainers.sample RUN --prompt TEXT``.
+
+Works on a checkpoint of any trainer at any world size, in one process on the CPU: the model
+is rebuilt from the run's config and given the checkpoint's weights
+(:func:`trainers.core.run_model.load_run_model`); text goes through the run's tokenizer.
+Prints the prompt followed by the generated text.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from trainers.core.generate import generate
+from trainers.core.run_model import load_run_model
+from trainers.spec.config import OneLineParser, exit_on_config_error
+from trainers.spec.errors import ConfigError
+from trainers.spec.text import run_codec
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="trainers.sample", description=__doc__.splitlines()[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("run", type=Path, help="a run directory (its --output-dir) or one of "
+                        "its checkpoints/step_N directories")
+    parser.add_argument("--prompt", required=True,
+                        help="text to continue; a prompt longer than the model's context "
+                             "(the run's --seq-len) keeps only its last tokens")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens to generate")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy (argmax)")
+    parser.add_argument("--top-k", type=int, default=0,
+                        help="sample among the k most likely tokens only (0: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
+    parser.add_argument("--checkpoint", type=int, default=None, metavar="STEP",
+                        help="the checkpoint of this step (default: the newest intact one)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    with exit_on_config_error("trainers.sample"):
+        args = _parser().parse_args(argv)
+        if args.tokens <= 0:
+            raise ConfigError(f"--tokens must be positive, got {args.tokens}")
+        if args.temperature < 0:
+            raise ConfigError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
+        if args.top_k < 0:
+            raise ConfigError(f"--top-k must be >= 0 (0: all tokens), got {args.top_k}")
+        model, config = load_run_model(args.run, args.checkpoint)
+        codec = run_codec(config)
+        vocab = model.cfg.vocab_size
+        if codec.vocab_size > vocab:
+            raise ConfigError(f"the run's tokenizer has {codec.vocab_size} ids, more than the "
+                              f"model's vocabulary of {vocab}")
+        prompt = codec.encode(args.prompt)
+        if not prompt:
+            raise ConfigError("--prompt is empty; pass at least one character to continue")
+        context = config["seq_len"] or model.cfg.max_seq_len
+        generator = torch.Generator().manual_seed(args.seed)
+        new = generate(model, prompt[-context:], args.tokens, context, codec.vocab_size,
+                       args.temperature, args.top_k, generator)
+    print(codec.decode(prompt + new))
+
+
+if __name__ == "__main__":
+    main()
