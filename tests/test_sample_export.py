@@ -121,15 +121,27 @@ def test_a_tokenizer_json_run_samples_through_it_and_exports_it(tiny_run, tmp_pa
     assert (tmp_path / "hf/tokenizer.json").read_bytes() == tokenizer.read_bytes()
 
 
-def test_export_computes_our_logits_in_transformers(tiny_run, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def llama_run(tmp_path_factory) -> Path:
+    """A one-process llama-tiny run (grouped-query attention, untied head)."""
+    run = tmp_path_factory.mktemp("llama-run")
+    run_trainer([*TINY, "--model", "llama-tiny", "--steps", "2", "--output-dir", str(run)])
+    return run
+
+
+@pytest.mark.parametrize("run_fixture, architecture", [("tiny_run", "GPT2LMHeadModel"),
+                                                       ("llama_run", "LlamaForCausalLM")])
+def test_export_computes_our_logits_in_transformers(request, tmp_path, monkeypatch,
+                                                   run_fixture, architecture):
     transformers = pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = request.getfixturevalue(run_fixture)
     out = tmp_path / "hf"
-    export.main([str(tiny_run), str(out)])
+    export.main([str(run), str(out)])
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
-    assert type(hf).__name__ == "GPT2LMHeadModel"
+    assert type(hf).__name__ == architecture
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    ours, _ = load_run_model(tiny_run)
+    ours, _ = load_run_model(run)
     ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected, actual = ours(ids), hf.eval()(ids).logits

@@ -16,6 +16,7 @@ from pathlib import Path
 from trainers.core.run_model import load_run_model
 from trainers.spec.config import OneLineParser, exit_on_config_error
 from trainers.spec.errors import ConfigError
+from trainers.spec.models import model_shape
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,7 +45,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         convert = CONVERTERS[model_family(config)]
         args.out.mkdir(parents=True, exist_ok=True)
         convert(model, config, args.out)
-        write_tokenizer(config, args.out, config["seq_len"] or model.cfg.max_seq_len)
+        write_tokenizer(config, args.out,
+                        config["seq_len"] or model_shape(config["model"]).max_seq_len)
     print(f"exported {args.run} ({config['model']}) to {args.out}")
 
 

@@ -18,6 +18,7 @@ from trainers.core.generate import generate
 from trainers.core.run_model import load_run_model
 from trainers.spec.config import OneLineParser, exit_on_config_error
 from trainers.spec.errors import ConfigError
+from trainers.spec.models import model_shape
 from trainers.spec.text import run_codec
 
 
@@ -50,14 +51,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise ConfigError(f"--top-k must be >= 0 (0: all tokens), got {args.top_k}")
         model, config = load_run_model(args.run, args.checkpoint)
         codec = run_codec(config)
-        vocab = model.cfg.vocab_size
+        shape = model_shape(config["model"])
+        vocab = shape.vocab_size
         if codec.vocab_size > vocab:
             raise ConfigError(f"the run's tokenizer has {codec.vocab_size} ids, more than the "
                               f"model's vocabulary of {vocab}")
         prompt = codec.encode(args.prompt)
         if not prompt:
             raise ConfigError("--prompt is empty; pass at least one character to continue")
-        context = config["seq_len"] or model.cfg.max_seq_len
+        context = config["seq_len"] or shape.max_seq_len
         generator = torch.Generator().manual_seed(args.seed)
         new = generate(model, prompt[-context:], args.tokens, context, codec.vocab_size,
                        args.temperature, args.top_k, generator)

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from trainers.spec.errors import ConfigError
-from trainers.spec.shapes import MODEL_SIZES
+from trainers.spec.models import model_kind, model_shape
 from trainers.spec.text import tokenizer_file
 
 # (model, the run's config as a dict, output directory) -> writes config.json and weights.
@@ -39,12 +39,8 @@ def export_gpt(model: nn.Module, config: dict[str, Any], out: Path) -> None:
     """
     from transformers import GPT2Config
 
-    shape = model.cfg
-    attention, window = config["attention"], config["attention_window"]
-    if attention == "linear" or (attention == "sliding_window" and window < shape.max_seq_len):
-        raise ConfigError(f"the run's attention {attention!r} (window {window}) is not GPT-2's "
-                          "full causal softmax attention; only runs with sdpa, naive, tiled or a "
-                          f"sliding window of at least {shape.max_seq_len} export to GPT-2")
+    shape = model_shape(config["model"])
+    _check_attention(config, shape.max_seq_len, "GPT-2")
     GPT2Config(vocab_size=shape.vocab_size, n_positions=shape.max_seq_len, n_embd=shape.d_model,
                n_layer=shape.n_layers, n_head=shape.n_heads, n_inner=shape.d_ff,
                activation_function="gelu", layer_norm_epsilon=1e-5,
@@ -73,16 +69,61 @@ def export_gpt(model: nn.Module, config: dict[str, Any], out: Path) -> None:
               metadata={"format": "pt"})
 
 
-# Model family -> its converter. A family is named by the model's config.
-CONVERTERS: dict[str, Converter] = {"gpt": export_gpt}
+def _check_attention(config: dict[str, Any], context: int, target: str) -> None:
+    """ConfigError for a run whose attention ``target`` does not compute (linear attention,
+    or a sliding window shorter than the context)."""
+    attention, window = config["attention"], config["attention_window"]
+    if attention == "linear" or (attention == "sliding_window" and window < context):
+        raise ConfigError(f"the run's attention {attention!r} (window {window}) is not "
+                          f"{target}'s full causal softmax attention; only runs with sdpa, naive, "
+                          f"tiled or a sliding window of at least {context} export to {target}")
+
+
+# Our llama block's parameter -> LlamaForCausalLM's, under blocks.<i> and model.layers.<i>.
+LLAMA_BLOCK = {"attn_norm": "input_layernorm", "attn.wq": "self_attn.q_proj",
+               "attn.wk": "self_attn.k_proj", "attn.wv": "self_attn.v_proj",
+               "attn.wo": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
+               "mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj", "mlp.down": "mlp.down_proj"}
+
+
+def export_llama(model: nn.Module, config: dict[str, Any], out: Path) -> None:
+    """The built-in llama family as ``LlamaForCausalLM``: the same layout (rotary on the two
+    halves of each head, SwiGLU, RMSNorm), so its weights are renamed, not transformed."""
+    from transformers import LlamaConfig
+
+    shape = model_shape(config["model"])
+    _check_attention(config, shape.max_seq_len, "Llama")
+    LlamaConfig(vocab_size=shape.vocab_size, hidden_size=shape.d_model,
+                intermediate_size=shape.d_ff, num_hidden_layers=shape.n_layers,
+                num_attention_heads=shape.n_heads, num_key_value_heads=shape.kv_heads,
+                max_position_embeddings=shape.max_seq_len, rms_norm_eps=shape.norm_eps,
+                rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
+                tie_word_embeddings=shape.tied, attention_bias=False, mlp_bias=False,
+                bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                architectures=["LlamaForCausalLM"]).save_pretrained(out)
+    ours = model.state_dict()
+    tensors = {"model.embed_tokens.weight": ours["tok_emb.weight"],
+               "model.norm.weight": ours["norm.weight"]}
+    if not shape.tied:
+        tensors["lm_head.weight"] = ours["head.weight"]
+    for i in range(shape.n_layers):
+        for name, theirs in LLAMA_BLOCK.items():
+            tensors[f"model.layers.{i}.{theirs}.weight"] = ours[f"blocks.{i}.{name}.weight"]
+    save_file({name: t.contiguous() for name, t in tensors.items()}, out / WEIGHTS,
+              metadata={"format": "pt"})
+
+
+# Model family -> its converter.
+CONVERTERS: dict[str, Converter] = {"gpt": export_gpt, "llama": export_llama}
 
 
 def model_family(config: dict[str, Any]) -> str:
-    """The family of the run's model: every named size is the built-in GPT."""
-    if config["model"] in MODEL_SIZES:
-        return "gpt"
-    raise ConfigError(f"no exporter for model {config['model']!r}; exporters exist for "
-                      f"{', '.join(sorted(CONVERTERS))}")
+    """The family of the run's model; ConfigError for a model no converter writes (only the
+    built-in families export: an hf: model is a Hugging Face model already)."""
+    if model_kind(config["model"]) == "builtin":
+        return model_shape(config["model"]).family
+    raise ConfigError(f"no exporter for model {config['model']!r}; the built-in families "
+                      f"({', '.join(sorted(CONVERTERS))}) export")
 
 
 def byte_tokenizer() -> Any:

@@ -55,6 +55,17 @@ def _tie(model: nn.Module, shared: Mapping[str, str]) -> None:
 
 
 @torch.no_grad()
+def allocate(model: nn.Module, device: torch.device, spec: ModelSpec) -> None:
+    """Allocate ``model`` (the model of ``spec``, built on the meta device) on ``device`` with
+    its shared parameters tied and its buffers filled, its parameters left uninitialized (for
+    a caller that loads every one, e.g. from a checkpoint)."""
+    model.to_empty(device=device)
+    _tie(model, spec.shared_parameters)
+    if spec.init_buffers is not None:
+        spec.init_buffers(model)
+
+
+@torch.no_grad()
 def materialize(model: nn.Module, device: torch.device | None, seed: int,
                 spec: ModelSpec) -> None:
     """Allocate ``model``'s parameters (the model of ``spec``, or a part of it) on ``device``

@@ -18,8 +18,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from trainers.core.materialize import materialize
-from trainers.core.model import build_meta_model
+from trainers.core.materialize import allocate
+from trainers.core.model_spec import resolve_spec
 from trainers.spec.checkpoint_files import (
     MANIFEST,
     PREFIX,
@@ -28,7 +28,6 @@ from trainers.spec.checkpoint_files import (
     verify,
 )
 from trainers.spec.errors import ConfigError
-from trainers.spec.shapes import MODEL_SIZES
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +66,7 @@ def run_config(checkpoint: Path) -> dict[str, Any]:
         raise ConfigError(f"{checkpoint}: its manifest holds no run config (written by an "
                           "earlier version of these trainers); train the run again to sample "
                           "or export it")
-    config: dict[str, Any] = manifest["config"]
-    if config["model"] not in MODEL_SIZES:
-        raise ConfigError(f"{checkpoint}: unknown model {config['model']!r}; these trainers "
-                          f"build {', '.join(sorted(MODEL_SIZES))}")
-    return config
+    return manifest["config"]
 
 
 @torch.no_grad()
@@ -85,12 +80,12 @@ def load_run_model(run_or_checkpoint: Path,
     """
     checkpoint = pick_checkpoint(run_or_checkpoint, step)
     config = run_config(checkpoint)
-    model = build_meta_model(config["model"], config["dropout"], config["attention"],
-                             config["attention_window"])
-    # Any values: every parameter is overwritten from the checkpoint.
-    materialize(model, torch.device("cpu"), seed=0)
-    shared = getattr(model, "shared_parameters", {})
-    weights = {name: t for name, t in model.state_dict().items() if name not in shared}
+    spec = resolve_spec(config["model"], config["dropout"], config["attention"],
+                        config["attention_window"])
+    model = spec.meta_model()
+    allocate(model, torch.device("cpu"), spec)  # every parameter is loaded next
+    weights = {name: t for name, t in model.state_dict().items()
+               if name not in spec.shared_parameters}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single")
         dcp.load({"train": {"model": weights}}, checkpoint_id=checkpoint, no_dist=True)
