@@ -66,7 +66,7 @@ def test_missing_and_empty_data_files(tmp_path):
     write_token_file(header_only, np.array([], dtype=np.uint16), 256)
     with pytest.raises(ConfigError, match="holds no tokens"):
         parse("--data", str(header_only), tmp=tmp_path)
-    text = tmp_path / "corpus.txt"
+    text = tmp_path / "corpus.bin"
     text.write_text("not tokens")
     with pytest.raises(ConfigError, match="not a token file"):
         parse("--data", str(text), tmp=tmp_path)
