@@ -51,12 +51,13 @@ def check_data_options(cfg: TrainConfig) -> None:
     """Raise ConfigError if a data option is set where ``--data`` does not use it, or a raw
     ``.bin`` lacks one (no file is read beyond a token-file header)."""
     kind = data_kind(cfg)
+    given_data = "synthetic data" if kind == SYNTHETIC else f"{kind} {cfg.data}"
     if cfg.vocab_size < 0:
         raise ConfigError(f"--vocab-size must be positive, got {cfg.vocab_size}")
     for flag, given in (("--token-dtype", cfg.token_dtype), ("--vocab-size", cfg.vocab_size)):
         if given and kind != RAW:
             raise ConfigError(f"{flag} applies only to a raw .bin --data (ids without a "
-                              f"header), not {kind} {cfg.data}; drop {flag}")
+                              f"header), not {given_data}; drop {flag}")
     if kind == RAW and not (cfg.token_dtype and cfg.vocab_size):
         missing = ("--vocab-size N (ids below N)" if cfg.token_dtype
                    else "--token-dtype uint16|uint32")
@@ -65,7 +66,7 @@ def check_data_options(cfg: TrainConfig) -> None:
                         ("--text-field", cfg.text_field != DEFAULT_TEXT_FIELD)):
         if given and kind != TEXT:
             raise ConfigError(f"{flag} applies only to text --data (.txt, .jsonl or .parquet "
-                              f"files), not {kind} {cfg.data}; drop {flag}")
+                              f"files), not {given_data}; drop {flag}")
 
 
 def text_source(cfg: TrainConfig) -> tuple[list[Path], TextTokenizer, Path]:
