@@ -23,7 +23,7 @@ from trainers.spec.config import TrainConfig, model_vocab
 from trainers.spec.corpus import progress_line, tokenize_corpus
 from trainers.spec.data_source import SYNTHETIC, TEXT, data_kind, text_source, token_array
 from trainers.spec.errors import ConfigError
-from trainers.spec.token_file import TokenArray, check_token_array
+from trainers.spec.token_file import TokenArray, check_token_array, read_header
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -125,7 +125,7 @@ def tokenized_text(cfg: TrainConfig, env: DistEnv) -> TokenArray:
         tokenize_corpus(files, cfg.text_field, tokenizer, cache, progress_line())
     if dist.is_initialized():
         dist.barrier()
-    return token_array(cfg)
+    return read_header(cache)
 
 
 class _ResumableSampler(DistributedSampler):

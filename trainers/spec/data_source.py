@@ -90,11 +90,10 @@ def cache_path(output_dir: str, files: Sequence[Path], tokenizer: TextTokenizer,
 
 
 def token_array(cfg: TrainConfig) -> TokenArray:
-    """The ids of a token file, raw ``.bin`` or (already cached) text ``--data``."""
-    kind = data_kind(cfg)
-    if kind == RAW:
+    """The ids of a token file or raw ``.bin`` ``--data``."""
+    if data_kind(cfg) == RAW:
         return raw_tokens(Path(cfg.data), cfg.token_dtype, cfg.vocab_size)
-    return read_header(text_source(cfg)[2] if kind == TEXT else Path(cfg.data))
+    return read_header(Path(cfg.data))
 
 
 def check_data(cfg: TrainConfig, model_vocab: int) -> None:
@@ -113,7 +112,9 @@ def check_data(cfg: TrainConfig, model_vocab: int) -> None:
         if not cache.is_file():
             check_corpus(files, cfg.text_field)
             return
-    array = token_array(cfg)
+        array = read_header(cache)
+    else:
+        array = token_array(cfg)
     if kind == RAW:
         check_raw_ids(array)
     check_token_array(array, cfg.seq_len, model_vocab)
