@@ -56,7 +56,7 @@ def measure(cfg: Any, env: Any, build: Callable[[Any, Any], Any]) -> dict[str, A
     strategy = build(cfg, env)
     built = Tally(strategy.model.parameters())
     optimizer = build_optimizer(strategy.model, cfg)
-    train_set, _ = build_datasets(cfg, MODEL_SIZES[cfg.model].vocab_size)
+    train_set, _ = build_datasets(cfg, env)
     micro = cfg.micro_batch(strategy.dp_size)
     inputs, targets = next(BatchStream(train_set, micro, strategy.dp_rank, strategy.dp_size,
                                        cfg.seed))

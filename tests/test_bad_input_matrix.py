@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.slurm_support import queued_jobs_from, torchx, trainer_args
+from tests.test_config import bad_data_files
 from tests.test_kubernetes_options import BAD_INPUT as KUBERNETES_BAD_INPUT
 from tests.test_slurm import BAD_OPTIONS as SLURM_BAD_CLUSTER_OPTIONS
 from tests.test_slurm import BAD_OPTIONS_ANYWHERE as SLURM_BAD_OPTIONS
@@ -116,6 +117,38 @@ ROWS = [
         "--resume none with a new --output-dir", trainer=("--resume", "{tmp}/old-run")),
     Row("missing-data-file", "local_cwd", "fsdp", "trainers.fsdp: --data {tmp}/corpus.bin:",
         trainer=("--data", "{tmp}/corpus.bin"), exact=False),
+    Row("tokenizer-does-not-load", "local_cwd", "ddp",
+        "trainers.ddp: --tokenizer {tmp}/broken.json does not load (",
+        trainer=("--data", "{tmp}/plain.txt", "--tokenizer", "{tmp}/broken.json"), exact=False),
+    Row("tokenizer-vocab-exceeds-model", "local_cwd", "fsdp",
+        "trainers.fsdp: --tokenizer {tmp}/big.json has 1,001 ids, more than the model's "
+        "vocabulary of 256; pick a model with a larger vocabulary or train a smaller tokenizer",
+        trainer=("--data", "{tmp}/plain.txt", "--tokenizer", "{tmp}/big.json")),
+    Row("raw-bin-without-vocab-size", "local_cwd", "ddp",
+        "trainers.ddp: a raw .bin --data needs --token-dtype and --vocab-size; pass --vocab-size "
+        "N (ids below N)", trainer=("--data", "{tmp}/raw.bin", "--token-dtype", "uint16")),
+    Row("raw-bin-ids-beyond-vocab", "local_cwd", "ddp",
+        "trainers.ddp: --data {tmp}/raw.bin holds id 300, beyond --vocab-size 256; pass "
+        "--vocab-size 301 or more (or the right --token-dtype)",
+        trainer=("--data", "{tmp}/raw.bin", "--token-dtype", "uint16", "--vocab-size", "256")),
+    Row("data-empty-directory", "local_cwd", "ddp",
+        "trainers.ddp: --data {tmp}/empty: the directory holds no files; pass a directory of "
+        ".txt, .jsonl or .parquet files", trainer=("--data", "{tmp}/empty")),
+    Row("data-glob-matches-nothing", "local_cwd", "pipeline",
+        "trainers.pipeline: --data {tmp}/*.parquet: the glob matches no files; pass a pattern "
+        "that matches .txt, .jsonl or .parquet files",
+        trainer=("--pp", "2", "--data", "{tmp}/*.parquet")),
+    Row("data-unknown-suffix", "local_cwd", "ddp",
+        "trainers.ddp: --data {tmp}/notes.csv: {tmp}/notes.csv has an unknown suffix; pass only "
+        ".txt, .jsonl or .parquet files (or a token file ending .bin)",
+        trainer=("--data", "{tmp}/notes.csv")),
+    Row("jsonl-line-without-text-field", "local_cwd", "ddp",
+        "trainers.ddp: {tmp}/docs.jsonl:2: no string field 'text'; pass the --text-field that "
+        "holds the text, or fix the line", trainer=("--data", "{tmp}/docs.jsonl")),
+    Row("vocab-size-with-synthetic-data", "kubernetes", "ddp",
+        "trainers.ddp: --vocab-size applies only to a raw .bin --data (ids without a header), "
+        "not synthetic data; drop --vocab-size", cfg="queue=q",
+        trainer=("--vocab-size", "50304")),
     Row("model-does-not-fit", "local_cwd", "ddp",
         "trainers.ddp: --model 1b needs", trainer=("--model", "1b"), exact=False),
     Row("model-does-not-fit-gpu", "slurm", "fsdp", "trainers.fsdp: --model 7b needs", j="2x1",
@@ -171,6 +204,7 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_scheduled(request, tmp_
     if row.scheduler == "slurm":
         request.getfixturevalue("slurm_cluster")
     _checkpointed_runs(tmp_path)
+    bad_data_files(tmp_path)
     proc = torchx(*row.args(tmp_path), cwd=tmp_path, env={"HOME": str(tmp_path)}, check=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output[-3000:]

@@ -10,7 +10,7 @@ import pytest
 from components.ddp import ddp
 from components.errors import ComponentArgumentError
 from tests.conftest import run_trainer
-from trainers.spec.config import parse_config
+from trainers.spec.config import model_vocab, parse_config
 from trainers.spec.errors import ConfigError
 from trainers.spec.token_file import write_token_file
 
@@ -66,7 +66,7 @@ def test_missing_and_empty_data_files(tmp_path):
     write_token_file(header_only, np.array([], dtype=np.uint16), 256)
     with pytest.raises(ConfigError, match="holds no tokens"):
         parse("--data", str(header_only), tmp=tmp_path)
-    text = tmp_path / "corpus.txt"
+    text = tmp_path / "corpus.bin"
     text.write_text("not tokens")
     with pytest.raises(ConfigError, match="not a token file"):
         parse("--data", str(text), tmp=tmp_path)
@@ -223,3 +223,81 @@ def test_model_parallel_component_checks_devices_and_processes():
         model_parallel("--devices", "cpu,cpu", j="1x2")
     command = model_parallel("--devices", "cuda:0,cuda:1", gpu=2, j="2x1").roles[0].args[-1]
     assert "-m trainers.model_parallel --devices cuda:0,cuda:1" in command
+
+
+def bad_data_files(tmp: Path) -> None:
+    """The inputs of :func:`test_bad_data_sources` and of the bad-input matrix's data rows,
+    under ``tmp``."""
+    (tmp / "empty").mkdir()
+    (tmp / "broken.json").write_text("{not json")
+    (tmp / "notes.csv").write_text("a,b\n")
+    (tmp / "docs.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    (tmp / "plain.txt").write_text("some text " * 100)
+    np.array([1, 2, 300], dtype=np.uint16).tofile(tmp / "raw.bin")
+    np.arange(200, dtype=np.uint16).tofile(tmp / "small.bin")
+    write_token_file(tmp / "tokens.bin", np.arange(256, dtype=np.uint16), 256)
+    vocab = {f"w{i}": i for i in range(1000)} | {"[UNK]": 1000}
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")).save(str(tmp / "big.json"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "{tmp}/plain.txt", "--tokenizer", "{tmp}/broken.json"],
+     r"--tokenizer {tmp}/broken.json does not load \(.*\); pass a Hugging Face tokenizer.json"),
+    (["--data", "{tmp}/plain.txt", "--tokenizer", "{tmp}/nope.json"],
+     "--tokenizer {tmp}/nope.json: no such file; pass bytes or the path of a tokenizer.json"),
+    (["--data", "{tmp}/plain.txt", "--tokenizer", "{tmp}/big.json"],
+     "has 1,001 ids, more than the model's vocabulary of 256; pick a model with a larger"),
+    (["--data", "{tmp}/raw.bin", "--token-dtype", "uint16"],
+     "a raw .bin --data needs --token-dtype and --vocab-size; pass --vocab-size N"),
+    (["--data", "{tmp}/raw.bin", "--vocab-size", "256"],
+     r"needs --token-dtype and --vocab-size; pass --token-dtype uint16\|uint32"),
+    (["--data", "{tmp}/raw.bin"], r"no token-file header .*pass --token-dtype uint16\|uint32"),
+    (["--data", "{tmp}/raw.bin", "--token-dtype", "uint16", "--vocab-size", "256"],
+     "--data {tmp}/raw.bin holds id 300, beyond --vocab-size 256; pass --vocab-size 301"),
+    (["--data", "{tmp}/raw.bin", "--token-dtype", "uint32", "--vocab-size", "256"],
+     "6 bytes are not whole uint32 ids; pass the --token-dtype the file was written with"),
+    (["--data", "{tmp}/small.bin", "--token-dtype", "uint16", "--vocab-size", "1000"],
+     "--vocab-size 1000 exceeds the model's vocabulary of 256; pick a model"),
+    (["--data", "{tmp}/tokens.bin", "--token-dtype", "uint16", "--vocab-size", "256"],
+     "is a token file with a header; drop --token-dtype and --vocab-size"),
+    (["--data", "{tmp}/empty"], "--data {tmp}/empty: the directory holds no files; pass a"),
+    (["--data", "{tmp}/*.parquet"], "the glob matches no files; pass a pattern that matches"),
+    (["--data", "{tmp}/missing.txt"], "no such file or directory; pass a text file, a directory"),
+    (["--data", "{tmp}/notes.csv"],
+     "{tmp}/notes.csv has an unknown suffix; pass only .txt, .jsonl or .parquet files"),
+    (["--data", "{tmp}/docs.jsonl"],
+     "{tmp}/docs.jsonl:2: no string field 'text'; pass the --text-field that holds the text"),
+    (["--data", "{tmp}/docs.jsonl", "--text-field", "body"],
+     "{tmp}/docs.jsonl:1: no string field 'body'"),
+    (["--vocab-size", "256"], "--vocab-size applies only to a raw .bin --data .*, not "
+     "synthetic data; drop --vocab-size"),
+    (["--token-dtype", "uint32"], "--token-dtype applies only to a raw .bin --data"),
+    (["--data", "{tmp}/plain.txt", "--vocab-size", "256"], "not text {tmp}/plain.txt; drop"),
+    (["--data", "{tmp}/tokens.bin", "--tokenizer", "{tmp}/big.json"],
+     "--tokenizer applies only to text --data .*, not token file {tmp}/tokens.bin; drop"),
+    (["--text-field", "body"], "--text-field applies only to text --data"),
+    (["--data", "{tmp}/plain.txt", "--text-field", "body"],
+     "--text-field applies only to .jsonl and .parquet files, and --data {tmp}/plain.txt holds "
+     "none; drop --text-field"),
+    (["--data", "{tmp}/plain.txt", "--vocab-size", "-3"], "--vocab-size must be positive"),
+])
+def test_bad_data_sources(tmp_path, args, message):
+    bad_data_files(tmp_path)
+    fill = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    with pytest.raises(ConfigError, match=message.replace("{tmp}", str(tmp_path))) as err:
+        parse(*fill, tmp=tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_good_data_sources_pass(tmp_path):
+    bad_data_files(tmp_path)
+    parse("--data", str(tmp_path / "small.bin"), "--token-dtype", "uint16", "--vocab-size",
+          "256", "--seq-len", "64", tmp=tmp_path)
+    parse("--data", str(tmp_path / "*.txt"), tmp=tmp_path)
+    parse("--data", str(tmp_path / "tokens.bin"), "--seq-len", "64", tmp=tmp_path)
+
+
+def test_model_vocab_is_the_models(tmp_path):
+    assert model_vocab(parse("--model", "125m", tmp=tmp_path)) == 50304

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from trainers.core.data import BatchStream, MarkovChainDataset, TokenFileDataset, eval_batches
+from trainers.spec.token_file import read_header
 
 
 def test_synthetic_data_is_deterministic_and_seed_dependent():
@@ -94,8 +95,8 @@ def test_tokenize_script_round_trips_bytes(tmp_path):
     out = subprocess.run([sys.executable, "-m", "trainers.prepare_data", str(source), str(target)],
                          capture_output=True, text=True, check=True)
     assert f"wrote {len(text.encode()):,} tokens" in out.stdout
-    train = TokenFileDataset(target, 32, "train", 0.1)
-    val = TokenFileDataset(target, 32, "val", 0.1)
+    train = TokenFileDataset(read_header(target), 32, "train", 0.1)
+    val = TokenFileDataset(read_header(target), 32, "val", 0.1)
     windows = (len(text.encode()) - 1) // 32
     assert len(train) + len(val) == windows and len(val) == math.ceil(windows * 0.1)
     inputs, targets = train[0]

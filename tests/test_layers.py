@@ -64,7 +64,8 @@ def test_no_module_is_named_after_a_standard_library_or_dependency_module():
     """A python started in that folder would import ours instead (trainers/tokenize.py broke
     `import inspect`; components/schedulers/docker.py broke the docker client)."""
     taken = set(sys.stdlib_module_names) | {"torch", "torchx", "docker", "kubernetes", "ray",
-                                            "yaml", "numpy", "tensorboard", "pytest"}
+                                            "yaml", "numpy", "tensorboard", "pytest",
+                                            "tokenizers", "pyarrow"}
     clashes = sorted({str(p.relative_to(REPO)) for p in _repo_modules() if p.stem in taken})
     assert not clashes
 

@@ -203,7 +203,7 @@ def test_a_manifest_without_config_is_one_line(tiny_run, tmp_path, capsys):
 def test_a_missing_tokenizer_file_is_one_line(tiny_run, tmp_path, capsys):
     gone = _configured(tokenizer=str(tmp_path / "gone.json"))
     run = _with_manifests(tiny_run, tmp_path / "run", gone)
-    assert "gone.json is not a file here" in _error(capsys, sample, str(run), "--prompt", "a")
+    assert "gone.json: no such file" in _error(capsys, sample, str(run), "--prompt", "a")
 
 
 def test_export_refuses_a_non_empty_out_and_attention_gpt2_lacks(tiny_run, tmp_path, capsys):

@@ -1,43 +1,52 @@
-"""Turn a text file into a token file for ``--data``: ``python -m trainers.prepare_data IN OUT``.
+"""Tokenize text into a token file for ``--data``:
+``python -m trainers.prepare_data SOURCE... OUT.bin [--tokenizer bytes|tokenizer.json]``.
 
-The tokenizer is byte-level: every UTF-8 byte is one token (vocabulary 256), so any text works
-and nothing is downloaded. The output is read by :class:`trainers.core.data.TokenFileDataset`.
+SOURCE is a ``.txt``, ``.jsonl`` or ``.parquet`` file, a directory or a glob of them (read by
+:mod:`trainers.spec.corpus`, as training reads text ``--data``). ``--tokenizer bytes`` (the
+default) makes every UTF-8 byte one id (vocabulary 256); a ``tokenizer.json`` path uses that
+Hugging Face tokenizer, with uint32 ids when its vocabulary exceeds 65,536. Progress goes to
+stderr. The output is read by :class:`trainers.core.data.TokenFileDataset`.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
+from trainers.spec.config import OneLineParser, exit_on_config_error
+from trainers.spec.corpus import check_corpus, progress_line, resolve_files, tokenize_corpus
+from trainers.spec.data_source import DEFAULT_TEXT_FIELD
+from trainers.spec.errors import ConfigError
+from trainers.spec.token_file import dtype_for
+from trainers.spec.tokenizer import BYTES, load_tokenizer
 
-from trainers.spec.token_file import write_token_file
-
-BYTE_VOCAB = 256
-
-
-def tokenize_file(source: Path, target: Path) -> int:
-    """Write ``source``'s bytes as tokens to ``target``; return the token count."""
-    tokens = np.fromfile(source, dtype=np.uint8)
-    write_token_file(target, tokens, BYTE_VOCAB)
-    return int(tokens.size)
+PROG = "trainers.prepare_data"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="trainers.prepare_data",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path, help="text file (any encoding; bytes are tokens)")
+    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("source", nargs="+",
+                        help=".txt, .jsonl or .parquet file, directory or glob (quote it)")
     parser.add_argument("target", type=Path, help="token file to write, e.g. data/corpus.bin")
-    args = parser.parse_args(argv)
-    if not args.source.is_file():
-        parser.exit(2, f"trainers.prepare_data: error: {args.source}: no such file\n")
-    if args.source.stat().st_size == 0:
-        parser.exit(2, f"trainers.prepare_data: error: {args.source} is empty; pass a text file\n")
-    count = tokenize_file(args.source, args.target)
-    print(f"wrote {count:,} tokens (byte-level, vocab {BYTE_VOCAB}) to {args.target}",
-          file=sys.stdout)
+    parser.add_argument("--tokenizer", default=BYTES,
+                        help="'bytes' or the path of a Hugging Face tokenizer.json")
+    parser.add_argument("--text-field", default=DEFAULT_TEXT_FIELD,
+                        help="the .jsonl field or .parquet column holding each document's text")
+    with exit_on_config_error(PROG):
+        args = parser.parse_args(argv)
+        files = resolve_files(args.source, flag="source")
+        tokenizer = load_tokenizer(args.tokenizer)
+        check_corpus(files, args.text_field)
+        count = tokenize_corpus(files, args.text_field, tokenizer, args.target, progress_line())
+        if count == 0:
+            args.target.unlink()
+            raise ConfigError(f"{' '.join(args.source)} is empty: no text to tokenize; pass "
+                              "non-empty files")
+    dtype = dtype_for(tokenizer.vocab_size).name
+    print(f"wrote {count:,} tokens ({tokenizer.name}, vocab {tokenizer.vocab_size:,}, {dtype}) "
+          f"to {args.target}")
 
 
 if __name__ == "__main__":

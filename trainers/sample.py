@@ -19,7 +19,7 @@ from trainers.core.run_model import load_run_model
 from trainers.spec.config import OneLineParser, exit_on_config_error
 from trainers.spec.errors import ConfigError
 from trainers.spec.models import model_shape
-from trainers.spec.text import run_codec
+from trainers.spec.tokenizer import BYTES, load_tokenizer
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,13 +50,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.top_k < 0:
             raise ConfigError(f"--top-k must be >= 0 (0: all tokens), got {args.top_k}")
         model, config = load_run_model(args.run, args.checkpoint)
-        codec = run_codec(config)
+        codec = load_tokenizer(config.get("tokenizer", BYTES))
         shape = model_shape(config["model"])
         vocab = shape.vocab_size
         if codec.vocab_size > vocab:
             raise ConfigError(f"the run's tokenizer has {codec.vocab_size} ids, more than the "
                               f"model's vocabulary of {vocab}")
-        prompt = codec.encode(args.prompt)
+        prompt = codec.encode([args.prompt])[0].tolist()
         if not prompt:
             raise ConfigError("--prompt is empty; pass at least one character to continue")
         context = config["seq_len"] or shape.max_seq_len

@@ -1,4 +1,5 @@
-"""Training data: built-in learnable synthetic sequences and memory-mapped token files.
+"""Training data: built-in learnable synthetic sequences and memory-mapped token ids (a token
+file, a raw .bin, or a text corpus tokenized once into a cached token file).
 
 Both datasets hold fixed-length windows of ``seq_len + 1`` tokens and return ``(inputs,
 targets)`` shifted by one. :class:`BatchStream` shards them over data-parallel ranks with a
@@ -11,15 +12,18 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainers.spec.config import TrainConfig
+from trainers.core.distributed import DistEnv
+from trainers.spec.config import TrainConfig, model_vocab
+from trainers.spec.corpus import progress_line, tokenize_corpus
+from trainers.spec.data_source import SYNTHETIC, TEXT, data_kind, text_source, token_array
 from trainers.spec.errors import ConfigError
-from trainers.spec.token_file import TOKEN_DTYPE, TOKEN_FILE_HEADER, read_header
+from trainers.spec.token_file import TokenArray, check_token_array, read_header
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -76,14 +80,14 @@ def _uniform_simplex(rows: int, size: int, gen: torch.Generator) -> torch.Tensor
 
 
 class TokenFileDataset(Dataset[Batch]):
-    """Non-overlapping windows of a memory-mapped token file.
+    """Non-overlapping windows of memory-mapped token ids (a token file or a raw .bin).
 
     The first ``1 - val_fraction`` of the windows are the ``train`` split, the rest ``val``.
     """
 
-    def __init__(self, path: Path, seq_len: int, split: str, val_fraction: float) -> None:
-        self.vocab_size = read_header(path)
-        self.tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=TOKEN_FILE_HEADER)
+    def __init__(self, array: TokenArray, seq_len: int, split: str, val_fraction: float) -> None:
+        self.vocab_size = array.vocab_size
+        self.tokens = array.open()
         self.seq_len = seq_len
         windows = (len(self.tokens) - 1) // seq_len
         n_val = max(1, math.ceil(windows * val_fraction))
@@ -99,14 +103,29 @@ class TokenFileDataset(Dataset[Batch]):
         return window[:-1], window[1:]
 
 
-def build_datasets(cfg: TrainConfig, vocab_size: int) -> tuple[Dataset[Batch], Dataset[Batch]]:
-    """The training and validation datasets that ``cfg.data`` names."""
-    if cfg.data == "synthetic":
-        return (MarkovChainDataset(vocab_size, cfg.seq_len, cfg.train_samples, cfg.seed),
-                MarkovChainDataset(vocab_size, cfg.seq_len, cfg.val_samples, cfg.seed + 1))
-    path = Path(cfg.data)
-    return (TokenFileDataset(path, cfg.seq_len, "train", cfg.val_fraction),
-            TokenFileDataset(path, cfg.seq_len, "val", cfg.val_fraction))
+def build_datasets(cfg: TrainConfig, env: DistEnv) -> tuple[Dataset[Batch], Dataset[Batch]]:
+    """The training and validation datasets that ``cfg.data`` names (a text source is
+    tokenized first, see :func:`tokenized_text`)."""
+    vocab = model_vocab(cfg)
+    if data_kind(cfg) == SYNTHETIC:
+        return (MarkovChainDataset(vocab, cfg.seq_len, cfg.train_samples, cfg.seed),
+                MarkovChainDataset(vocab, cfg.seq_len, cfg.val_samples, cfg.seed + 1))
+    array = tokenized_text(cfg, env) if data_kind(cfg) == TEXT else token_array(cfg)
+    check_token_array(array, cfg.seq_len, vocab)
+    return (TokenFileDataset(array, cfg.seq_len, "train", cfg.val_fraction),
+            TokenFileDataset(array, cfg.seq_len, "val", cfg.val_fraction))
+
+
+def tokenized_text(cfg: TrainConfig, env: DistEnv) -> TokenArray:
+    """The cached token file of text ``--data``: local rank 0 of every node tokenizes it if it
+    is missing (on a shared file system racing nodes write the same bytes, and the last atomic
+    rename wins), every rank waits for it at a barrier."""
+    files, tokenizer, cache = text_source(cfg)
+    if env.local_rank == 0 and not cache.is_file():
+        tokenize_corpus(files, cfg.text_field, tokenizer, cache, progress_line())
+    if dist.is_initialized():
+        dist.barrier()
+    return read_header(cache)
 
 
 class _ResumableSampler(DistributedSampler):

@@ -20,7 +20,7 @@ from torch import nn
 
 from trainers.spec.errors import ConfigError
 from trainers.spec.models import model_kind, model_shape
-from trainers.spec.text import tokenizer_file
+from trainers.spec.tokenizer import BYTES, load_tokenizer
 
 # (model, the run's config as a dict, output directory) -> writes config.json and weights.
 Converter = Callable[[nn.Module, dict[str, Any], Path], None]
@@ -142,11 +142,11 @@ def byte_tokenizer() -> Any:
 def write_tokenizer(config: dict[str, Any], out: Path, context: int) -> None:
     """The run's tokenizer in ``out``: its tokenizer.json copied, or for a byte-level run one
     whose ids are the bytes; and a tokenizer_config.json for ``AutoTokenizer``."""
-    path = tokenizer_file(config)
-    if path is None:
+    tokenizer = load_tokenizer(config.get("tokenizer", BYTES))
+    if tokenizer.hf is None:
         byte_tokenizer().save(str(out / TOKENIZER))
     else:
-        shutil.copyfile(path, out / TOKENIZER)
+        shutil.copyfile(tokenizer.name, out / TOKENIZER)
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": context,
                 "clean_up_tokenization_spaces": False}
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=1) + "\n")

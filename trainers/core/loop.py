@@ -72,7 +72,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     """
     run_dir = Path(cfg.output_dir)
     model_cfg = model_shape(cfg.model)
-    train_set, val_set = build_datasets(cfg, model_cfg.vocab_size)
+    train_set, val_set = build_datasets(cfg, env)
     micro = cfg.micro_batch(strategy.dp_size)
     stream = BatchStream(train_set, micro, strategy.dp_rank, strategy.dp_size, cfg.seed,
                          cfg.num_workers, cfg.prefetch_factor, env.device.type == "cuda")

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from trainers.spec.checkpoint_files import check_format, find_checkpoints, saved_manifest
+from trainers.spec.data_source import check_data, check_data_options
 from trainers.spec.errors import ConfigError
 from trainers.spec.models import MODEL_HELP, model_shape
 from trainers.spec.registry import SCHEDULE_STAGES, serving, trainer
 from trainers.spec.shapes import MODEL_SIZES, ModelConfig
-from trainers.spec.token_file import check_token_file
+from trainers.spec.token_file import TOKEN_DTYPES
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -46,11 +47,20 @@ class TrainConfig:
                           choices=["sdpa", "naive", "tiled", "sliding_window", "linear"])
     attention_window: int = _opt(256, "keys each query sees under --attention sliding_window")
     # data
-    data: str = _opt("synthetic", "'synthetic' (built-in Markov-chain data) or a token file "
-                     "made by `python -m trainers.prepare_data`")
+    data: str = _opt("synthetic", "'synthetic' (built-in Markov-chain data); a token file made "
+                     "by `python -m trainers.prepare_data`; a raw .bin of ids (with --token-dtype "
+                     "and --vocab-size); or a .txt/.jsonl/.parquet file, directory or glob, "
+                     "tokenized once into <output-dir>/data/ (docs/data.md)")
+    token_dtype: str = _opt("", "raw .bin --data: the ids' dtype", choices=sorted(TOKEN_DTYPES))
+    vocab_size: int = _opt(0, "raw .bin --data: ids lie below this (0: not a raw .bin)")
+    tokenizer: str = _opt("bytes", "text --data: 'bytes' (UTF-8 bytes, vocabulary 256) or the "
+                          "path of a Hugging Face tokenizer.json")
+    text_field: str = _opt("text", "text --data: the .jsonl field or .parquet column holding "
+                           "each document's text")
     train_samples: int = _opt(8192, "sequences in the synthetic training set")
     val_samples: int = _opt(512, "sequences in the synthetic validation set")
-    val_fraction: float = _opt(0.05, "share of a token file held out for evaluation")
+    val_fraction: float = _opt(0.05, "share of the tokens of any --data but synthetic held "
+                               "out for evaluation")
     num_workers: int = _opt(0, "DataLoader worker processes per rank")
     prefetch_factor: int = _opt(2, "batches each DataLoader worker loads ahead")
     # batch and optimisation
@@ -197,6 +207,7 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
                           "attention dropout); pass --dropout 0 or --attention sdpa")
     if not 0.0 < cfg.val_fraction < 1.0:
         raise ConfigError(f"--val-fraction must be in (0, 1), got {cfg.val_fraction}")
+    check_data_options(cfg)
     # A model in files (hf:DIR, MODULE:ATTR) is read only where the paths are checked.
     shape = model_shape(cfg.model, load=check_paths)
     if shape is not None:
@@ -250,6 +261,11 @@ def _check_model_options(cfg: TrainConfig, shape: ModelConfig) -> None:
                               f"defines its own layers, so drop {flag}")
 
 
+def model_vocab(cfg: TrainConfig) -> int:
+    """The vocabulary size of the model ``cfg`` trains: every data check asks here."""
+    return model_shape(cfg.model).vocab_size
+
+
 def _check_trainer_options(cfg: TrainConfig, name: str) -> None:
     """No option another trainer owns is set away from its default."""
     defaults = TrainConfig()
@@ -263,8 +279,7 @@ def _check_trainer_options(cfg: TrainConfig, name: str) -> None:
 
 def _check_paths(cfg: TrainConfig, shape: ModelConfig) -> None:
     _check_writable(Path(cfg.output_dir))
-    if cfg.data != "synthetic":
-        check_token_file(Path(cfg.data), cfg.seq_len, shape.vocab_size)
+    check_data(cfg, shape.vocab_size)
     if cfg.resume == "none":
         if find_checkpoints(Path(cfg.output_dir) / "checkpoints"):
             raise ConfigError(f"--resume none, but {cfg.output_dir} already holds checkpoints; "

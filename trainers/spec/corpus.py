@@ -1,0 +1,204 @@
+"""Text corpora: which files a ``--data`` file, directory or glob names, their documents, and
+their tokenization into one token file.
+
+A ``.txt`` file is one document (UTF-8; invalid bytes read as U+FFFD), a ``.jsonl`` line is
+one document (its ``--text-field`` string; blank lines are skipped), a ``.parquet`` row is one
+document (its ``--text-field`` column, read with pyarrow). Files are read in sorted path order
+and their documents joined with the tokenizer's end-of-text id between them. Training
+(:mod:`trainers.core.data`), ``trainers.prepare_data`` and ``trainers.train_tokenizer`` all
+read text through this module.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainers.spec.errors import ConfigError
+from trainers.spec.token_file import token_file_writer
+from trainers.spec.tokenizer import TextTokenizer
+
+TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+FIELD_SUFFIXES = (".jsonl", ".parquet")  # files that --text-field applies to
+_TXT_BLOCK = 1 << 20  # characters of a .txt file tokenized at once (cut at a line end)
+_BATCH = 256  # documents tokenized at once
+
+Piece = tuple[str, bool]  # text, and whether a document ends after it
+Progress = Callable[[int, int, int], None]  # (files done, files in all, tokens written)
+
+
+def _is_glob(spec: str) -> bool:
+    return any(c in spec for c in "*?[")
+
+
+def resolve_files(specs: Sequence[str], flag: str = "--data") -> list[Path]:
+    """The text files that ``specs`` (files, directories searched recursively, globs) name,
+    sorted; ConfigError for a missing path, a directory or glob with no files, or a file of
+    another suffix than :data:`TEXT_SUFFIXES`."""
+    files: list[Path] = []
+    for spec in specs:
+        if _is_glob(spec):
+            found = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
+            if not found:
+                raise ConfigError(f"{flag} {spec}: the glob matches no files; pass a pattern "
+                                  "that matches .txt, .jsonl or .parquet files")
+        elif Path(spec).is_dir():
+            found = sorted(p for p in Path(spec).rglob("*")
+                           if p.is_file() and not any(part.startswith(".") for part in
+                                                      p.relative_to(spec).parts))
+            if not found:
+                raise ConfigError(f"{flag} {spec}: the directory holds no files; pass a "
+                                  "directory of .txt, .jsonl or .parquet files")
+        elif Path(spec).is_file():
+            found = [Path(spec)]
+        else:
+            raise ConfigError(f"{flag} {spec}: no such file or directory; pass a text file, a "
+                              "directory or a glob of .txt, .jsonl or .parquet files")
+        for path in found:
+            if path.suffix not in TEXT_SUFFIXES:
+                raise ConfigError(f"{flag} {spec}: {path} has an unknown suffix; pass only "
+                                  ".txt, .jsonl or .parquet files (or a token file ending .bin)")
+        files += found
+    return files
+
+
+def pieces(path: Path, text_field: str) -> Iterator[Piece]:
+    """The text of ``path`` in pieces, each with whether a document ends after it."""
+    if path.suffix == ".txt":
+        yield from _txt_pieces(path)
+    elif path.suffix == ".jsonl":
+        yield from ((text, True) for text in _jsonl_texts(path, text_field))
+    else:
+        yield from ((text, True) for text in _parquet_texts(path, text_field))
+
+
+def _txt_pieces(path: Path) -> Iterator[Piece]:
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        block = f.read(_TXT_BLOCK)
+        while block:
+            block += f.readline()  # end the piece at a line end
+            following = f.read(_TXT_BLOCK)
+            yield block, not following
+            block = following
+
+
+def _jsonl_texts(path: Path, text_field: str) -> Iterator[str]:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                raise ConfigError(f"{path}:{number}: not a JSON object; fix the line or drop "
+                                  "it (a .jsonl file holds one object a line)") from None
+            text = record.get(text_field) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise ConfigError(f"{path}:{number}: no string field {text_field!r}; pass the "
+                                  "--text-field that holds the text, or fix the line")
+            yield text
+
+
+def _parquet_column(path: Path, text_field: str) -> Any:
+    """``path`` opened with pyarrow, checked to hold string column ``text_field``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as err:
+        raise ConfigError(f"{path}: not a readable Parquet file ({err}); pass a Parquet "
+                          "file written by pyarrow, pandas or datasets") from None
+    schema = parquet.schema_arrow
+    if text_field not in schema.names or not (pa.types.is_string(schema.field(text_field).type)
+                                              or pa.types.is_large_string(
+                                                  schema.field(text_field).type)):
+        raise ConfigError(f"{path}: no string column {text_field!r} (columns: "
+                          f"{', '.join(schema.names)}); pass the --text-field that holds the text")
+    return parquet
+
+
+def _parquet_texts(path: Path, text_field: str) -> Iterator[str]:
+    parquet = _parquet_column(path, text_field)
+    for batch in parquet.iter_batches(columns=[text_field]):
+        yield from (text for text in batch.column(0).to_pylist() if text is not None)
+
+
+def check_corpus(files: Sequence[Path], text_field: str) -> None:
+    """Raise ConfigError, naming the file (and line), unless every .jsonl line holds a string
+    ``text_field`` and every .parquet file a string column of that name."""
+    for path in files:
+        if path.suffix == ".jsonl":
+            for _ in _jsonl_texts(path, text_field):
+                pass
+        elif path.suffix == ".parquet":
+            _parquet_column(path, text_field)
+
+
+def texts(files: Sequence[Path], text_field: str) -> Iterator[str]:
+    """Every piece of text in ``files`` (for training a tokenizer)."""
+    for path in files:
+        yield from (text for text, _ in pieces(path, text_field))
+
+
+def tokenize_corpus(files: Sequence[Path], text_field: str, tokenizer: TextTokenizer,
+                    target: Path, progress: Progress | None = None) -> int:
+    """Tokenize ``files`` into token file ``target`` (written atomically), with
+    ``tokenizer.end_of_text`` between documents; return the token count. ``progress`` is
+    called after each batch and file."""
+    eot = (np.array([], dtype=np.int64) if tokenizer.end_of_text is None
+           else np.array([tokenizer.end_of_text], dtype=np.int64))
+    written = 0
+    document_open = False  # a document has begun, so the next one needs a separator first
+    with token_file_writer(target, tokenizer.vocab_size) as append:
+        def flush(batch: list[Piece]) -> None:
+            nonlocal written, document_open
+            for (_, ends), ids in zip(batch, tokenizer.encode([t for t, _ in batch]),
+                                      strict=True):
+                if not document_open and written:
+                    append(eot)
+                    written += len(eot)
+                append(ids)
+                written += len(ids)
+                document_open = not ends
+            batch.clear()
+
+        for done, path in enumerate(files, 1):
+            batch: list[Piece] = []
+            for piece in pieces(path, text_field):
+                batch.append(piece)
+                if len(batch) == _BATCH:
+                    flush(batch)
+                    if progress:
+                        progress(done - 1, len(files), written)
+            flush(batch)
+            if progress:
+                progress(done, len(files), written)
+    return written
+
+
+def progress_line(stream: Any = sys.stderr, every_s: float = 1.0) -> Progress:
+    """A :data:`Progress` that rewrites one ``files i/n, N tokens`` line on ``stream`` at most
+    every ``every_s`` seconds (a new line each time when ``stream`` is no terminal), and at
+    the end."""
+    last = [0.0]
+    terminal = stream.isatty()
+
+    def report(done: int, total: int, tokens: int) -> None:
+        now = time.monotonic()
+        if done < total and now - last[0] < every_s:
+            return
+        last[0] = now
+        start = "\r" if terminal else ""
+        end = "\n" if done == total or not terminal else ""
+        stream.write(f"{start}tokenized {done}/{total} files, {tokens:,} tokens{end}")
+        stream.flush()
+
+    return report

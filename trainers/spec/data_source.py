@@ -1,0 +1,120 @@
+"""What ``--data`` names, which data options apply to it, and where its token ids lie.
+
+- ``synthetic``: built-in Markov-chain sequences;
+- a token file (``.bin``, or any file with a token-file header): ids with their vocabulary;
+- a raw ``.bin`` (nanoGPT: ids, no header), when ``--token-dtype`` and ``--vocab-size`` say
+  how to read it;
+- text: a ``.txt``/``.jsonl``/``.parquet`` file, a directory or a glob of them, tokenized with
+  ``--tokenizer`` once into a token file cached under ``<output-dir>/data/``, named by a hash
+  of the files' paths, sizes and modification times, the tokenizer and ``--text-field``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainers.spec.corpus import FIELD_SUFFIXES, check_corpus, resolve_files
+from trainers.spec.errors import ConfigError
+from trainers.spec.token_file import (
+    TokenArray,
+    check_raw_ids,
+    check_token_array,
+    has_header,
+    raw_tokens,
+    read_header,
+)
+from trainers.spec.tokenizer import BYTES, TextTokenizer, check_tokenizer_fits, load_tokenizer
+
+if TYPE_CHECKING:
+    from trainers.spec.config import TrainConfig
+
+SYNTHETIC, TOKENS, RAW, TEXT = "synthetic", "token file", "raw .bin", "text"
+DEFAULT_TEXT_FIELD = "text"
+CACHE_VERSION = 1  # bump when the tokenization of the same files and tokenizer changes
+
+
+def data_kind(cfg: TrainConfig) -> str:
+    """Which of :data:`SYNTHETIC`, :data:`TOKENS`, :data:`RAW`, :data:`TEXT` ``--data`` is.
+    A ``.bin`` is raw when ``--token-dtype`` or ``--vocab-size`` is given, else a token file."""
+    if cfg.data == SYNTHETIC:
+        return SYNTHETIC
+    if Path(cfg.data).suffix == ".bin" or has_header(Path(cfg.data)):
+        return RAW if cfg.token_dtype or cfg.vocab_size else TOKENS
+    return TEXT
+
+
+def check_data_options(cfg: TrainConfig) -> None:
+    """Raise ConfigError if a data option is set where ``--data`` does not use it, or a raw
+    ``.bin`` lacks one (no file is read beyond a token-file header)."""
+    kind = data_kind(cfg)
+    given_data = "synthetic data" if kind == SYNTHETIC else f"{kind} {cfg.data}"
+    if cfg.vocab_size < 0:
+        raise ConfigError(f"--vocab-size must be positive, got {cfg.vocab_size}")
+    for flag, given in (("--token-dtype", cfg.token_dtype), ("--vocab-size", cfg.vocab_size)):
+        if given and kind != RAW:
+            raise ConfigError(f"{flag} applies only to a raw .bin --data (ids without a "
+                              f"header), not {given_data}; drop {flag}")
+    if kind == RAW and not (cfg.token_dtype and cfg.vocab_size):
+        missing = ("--vocab-size N (ids below N)" if cfg.token_dtype
+                   else "--token-dtype uint16|uint32")
+        raise ConfigError(f"a raw .bin --data needs --token-dtype and --vocab-size; pass {missing}")
+    for flag, given in (("--tokenizer", cfg.tokenizer != BYTES),
+                        ("--text-field", cfg.text_field != DEFAULT_TEXT_FIELD)):
+        if given and kind != TEXT:
+            raise ConfigError(f"{flag} applies only to text --data (.txt, .jsonl or .parquet "
+                              f"files), not {given_data}; drop {flag}")
+
+
+def text_source(cfg: TrainConfig) -> tuple[list[Path], TextTokenizer, Path]:
+    """A text ``--data``'s files, its tokenizer, and the token file it is cached in."""
+    files = resolve_files([cfg.data])
+    if (cfg.text_field != DEFAULT_TEXT_FIELD
+            and not any(p.suffix in FIELD_SUFFIXES for p in files)):
+        raise ConfigError(f"--text-field applies only to .jsonl and .parquet files, and --data "
+                          f"{cfg.data} holds none; drop --text-field")
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    return files, tokenizer, cache_path(cfg.output_dir, files, tokenizer, cfg.text_field)
+
+
+def cache_path(output_dir: str, files: Sequence[Path], tokenizer: TextTokenizer,
+               text_field: str) -> Path:
+    """``<output_dir>/data/tokens-<key>.bin``: the key changes when a file is added, removed,
+    resized or touched, or the tokenizer or text field changes."""
+    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    key = json.dumps([CACHE_VERSION, stats, tokenizer.identity, text_field])
+    return Path(output_dir) / "data" / f"tokens-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
+
+
+def token_array(cfg: TrainConfig) -> TokenArray:
+    """The ids of a token file or raw ``.bin`` ``--data``."""
+    if data_kind(cfg) == RAW:
+        return raw_tokens(Path(cfg.data), cfg.token_dtype, cfg.vocab_size)
+    return read_header(Path(cfg.data))
+
+
+def check_data(cfg: TrainConfig, model_vocab: int) -> None:
+    """Raise ConfigError unless ``--data`` (with its options) trains this model: files exist
+    and read, ids fit the model's vocabulary, there are two sequences or more. A text source
+    not yet cached is checked without tokenizing it: its .jsonl lines and .parquet columns."""
+    kind = data_kind(cfg)
+    if kind == SYNTHETIC:
+        return
+    if kind == RAW and cfg.vocab_size > model_vocab:
+        raise ConfigError(f"--vocab-size {cfg.vocab_size} exceeds the model's vocabulary of "
+                          f"{model_vocab}; pick a model with a larger vocabulary")
+    if kind == TEXT:
+        files, tokenizer, cache = text_source(cfg)
+        check_tokenizer_fits(tokenizer, model_vocab)
+        if not cache.is_file():
+            check_corpus(files, cfg.text_field)
+            return
+        array = read_header(cache)
+    else:
+        array = token_array(cfg)
+    if kind == RAW:
+        check_raw_ids(array)
+    check_token_array(array, cfg.seq_len, model_vocab)

@@ -1,0 +1,77 @@
+"""Train a byte-level BPE tokenizer on a corpus:
+``python -m trainers.train_tokenizer CORPUS... --vocab-size N --output tokenizer.json``.
+
+CORPUS is a ``.txt``, ``.jsonl`` or ``.parquet`` file, a directory or a glob of them, read by
+:mod:`trainers.spec.corpus` as training reads text ``--data``. The tokenizer (Hugging Face
+``tokenizers``: GPT-2's byte-level pre-tokenizer and decoder, so any text round-trips) holds
+``<|endoftext|>`` (id 0, the separator between documents), the byte symbols and merges up to
+``--vocab-size`` ids. With ``--vocab-size`` 257 or more it holds all 256 byte symbols, so any
+text round-trips; below (for the 256-id tiny and small models) only the bytes the corpus
+holds, and bytes it never saw are dropped when encoding. Pass the file as ``--tokenizer`` to
+training or ``trainers.prepare_data``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainers.spec.config import OneLineParser, exit_on_config_error
+from trainers.spec.corpus import check_corpus, resolve_files, texts
+from trainers.spec.data_source import DEFAULT_TEXT_FIELD
+from trainers.spec.errors import ConfigError
+
+PROG = "trainers.train_tokenizer"
+END_OF_TEXT = "<|endoftext|>"
+FULL_ALPHABET = 257  # the 256 byte symbols and the end-of-text token
+
+
+def train_tokenizer(files: Sequence[Path], text_field: str, vocab_size: int,
+                    output: Path) -> int:
+    """Train a byte-level BPE tokenizer of at most ``vocab_size`` ids on ``files`` and save it
+    to ``output``; return its vocabulary size. ConfigError if the corpus holds more distinct
+    bytes than a ``vocab_size`` below :data:`FULL_ALPHABET` leaves room for."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.trainers import BpeTrainer
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if vocab_size >= FULL_ALPHABET else []
+    trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT],
+                         initial_alphabet=alphabet, show_progress=True)
+    tokenizer.train_from_iterator(texts(files, text_field), trainer=trainer)
+    trained = tokenizer.get_vocab_size(with_added_tokens=True)
+    if trained > vocab_size:
+        raise ConfigError(f"the corpus holds {trained - 1} distinct bytes, more than --vocab-size "
+                          f"{vocab_size} leaves room for; pass --vocab-size {trained} or more")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(output))
+    return trained
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("corpus", nargs="+",
+                        help=".txt, .jsonl or .parquet file, directory or glob (quote it)")
+    parser.add_argument("--vocab-size", type=int, required=True,
+                        help=f"ids in the tokenizer (at most the model's; >= {FULL_ALPHABET} "
+                        "to hold every byte)")
+    parser.add_argument("--output", type=Path, required=True, help="tokenizer.json to write")
+    parser.add_argument("--text-field", default=DEFAULT_TEXT_FIELD,
+                        help="the .jsonl field or .parquet column holding each document's text")
+    with exit_on_config_error(PROG):
+        args = parser.parse_args(argv)
+        if args.vocab_size < 2:
+            raise ConfigError(f"--vocab-size {args.vocab_size} leaves no room for {END_OF_TEXT} "
+                              f"and text; pass --vocab-size {FULL_ALPHABET} or more")
+        files = resolve_files(args.corpus, flag="corpus")
+        check_corpus(files, args.text_field)
+        vocab = train_tokenizer(files, args.text_field, args.vocab_size, args.output)
+    print(f"wrote {args.output}: byte-level BPE, {vocab:,} ids, {END_OF_TEXT} = 0")
+
+
+if __name__ == "__main__":
+    main()
