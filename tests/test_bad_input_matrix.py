@@ -140,8 +140,20 @@ ROWS = [
         trainer=("--pp", "2", "--data", "{tmp}/*.parquet")),
     Row("data-unknown-suffix", "local_cwd", "ddp",
         "trainers.ddp: --data {tmp}/notes.csv: {tmp}/notes.csv has an unknown suffix; pass only "
-        ".txt, .jsonl or .parquet files (or a token file ending .bin)",
+        ".txt, .md, .py, .jsonl or .parquet files (or a token file ending .bin)",
         trainer=("--data", "{tmp}/notes.csv")),
+    Row("model-module-does-not-import", "local_cwd", "ddp",
+        "trainers.ddp: --model no_such_module:SPEC: module no_such_module does not import (No "
+        "module named 'no_such_module'); pass a module importable from the working directory or "
+        "an installed package", trainer=("--model", "no_such_module:SPEC")),
+    Row("model-hf-without-config", "local_cwd", "fsdp",
+        "trainers.fsdp: --model hf:{tmp}/empty: {tmp}/empty/config.json does not exist; pass hf: "
+        "and a local directory holding a Hugging Face config.json",
+        trainer=("--model", "hf:{tmp}/empty")),
+    Row("tp-on-a-model-without-a-plan", "local_cwd", "tensor_parallel",
+        "trainers.tensor_parallel: --model hf:{tmp}/hf has no tensor-parallel plan; pass --tp 1 "
+        "(e.g. trainers.fsdp) or give its ModelSpec a tp_plan",
+        trainer=("--model", "hf:{tmp}/hf", "--tp", "2")),
     Row("jsonl-line-without-text-field", "local_cwd", "ddp",
         "trainers.ddp: {tmp}/docs.jsonl:2: no string field 'text'; pass the --text-field that "
         "holds the text, or fix the line", trainer=("--data", "{tmp}/docs.jsonl")),

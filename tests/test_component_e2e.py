@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import torchx_cli
+from tests.conftest import REPO, _env, torchx_cli
 
 pytestmark = pytest.mark.slow
 
@@ -44,3 +46,37 @@ def test_component_with_bad_arguments_schedules_nothing(tmp_path):
             "size 2; pass a multiple of 2") in proc.stderr
     assert "Traceback" not in proc.stderr and "local_cwd://" not in proc.stdout
     assert not (tmp_path / "run").exists()
+
+
+def test_hf_model_on_a_jsonl_directory_with_a_trained_tokenizer(tmp_path):
+    """``hf:DIR`` + a directory of .jsonl files + a tokenizer.json trained on them, through
+    ``torchx run -s local_cwd`` under fsdp; then sampling from the run decodes through it."""
+    pytest.importorskip("transformers")
+    from trainers.core.hf_model import tiny_llama_config
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    words = ["the", "model", "trains", "on", "text", "and", "data", "shards", "over", "ranks"]
+    for part in range(3):
+        lines = [json.dumps({"text": " ".join(words[(i * 7 + k * 3 + part) % len(words)]
+                                              for k in range(40))}) for i in range(200)]
+        (corpus / f"part{part}.jsonl").write_text("\n".join(lines) + "\n")
+    tokenizer = tmp_path / "tokenizer.json"
+    from trainers.train_tokenizer import main as train_tokenizer
+
+    train_tokenizer([str(corpus), "--vocab-size", "300", "--output", str(tokenizer)])
+    model = tiny_llama_config(tmp_path / "hf", vocab_size=300)
+    run_dir = tmp_path / "run"
+    proc = torchx_cli("run", "-s", "local_cwd", "components/fsdp.py:fsdp", "-j", "1x2", "--",
+                      "--model", f"hf:{model}", "--data", str(corpus), "--tokenizer",
+                      str(tokenizer), "--steps", "30", "--batch-size", "8",
+                      "--activation-checkpointing", "--eval-every", "15",
+                      "--output-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_loss"] < summary["first_loss"] - 1.0
+    sample = subprocess.run([sys.executable, "-m", "trainers.sample", str(run_dir), "--prompt",
+                             "the model", "--tokens", "8"], cwd=REPO, env=_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert sample.returncode == 0, sample.stderr[-2000:]
+    assert sample.stdout.startswith("the model")

@@ -240,6 +240,9 @@ def bad_data_files(tmp: Path) -> None:
     from tokenizers import Tokenizer, models
 
     Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")).save(str(tmp / "big.json"))
+    from trainers.core.hf_model import tiny_llama_config
+
+    tiny_llama_config(tmp / "hf")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -266,7 +269,7 @@ def bad_data_files(tmp: Path) -> None:
     (["--data", "{tmp}/*.parquet"], "the glob matches no files; pass a pattern that matches"),
     (["--data", "{tmp}/missing.txt"], "no such file or directory; pass a text file, a directory"),
     (["--data", "{tmp}/notes.csv"],
-     "{tmp}/notes.csv has an unknown suffix; pass only .txt, .jsonl or .parquet files"),
+     "{tmp}/notes.csv has an unknown suffix; pass only .txt, .md, .py, .jsonl or .parquet"),
     (["--data", "{tmp}/docs.jsonl"],
      "{tmp}/docs.jsonl:2: no string field 'text'; pass the --text-field that holds the text"),
     (["--data", "{tmp}/docs.jsonl", "--text-field", "body"],
@@ -276,7 +279,10 @@ def bad_data_files(tmp: Path) -> None:
     (["--token-dtype", "uint32"], "--token-dtype applies only to a raw .bin --data"),
     (["--data", "{tmp}/plain.txt", "--vocab-size", "256"], "not text {tmp}/plain.txt; drop"),
     (["--data", "{tmp}/tokens.bin", "--tokenizer", "{tmp}/big.json"],
-     "--tokenizer applies only to text --data .*, not token file {tmp}/tokens.bin; drop"),
+     "--tokenizer {tmp}/big.json has 1,001 ids, but the token file's vocabulary is 256; pass "
+     "the tokenizer that made it"),
+    (["--tokenizer", "{tmp}/big.json"], "--tokenizer applies to text data or the token file it "
+     "made, not synthetic data; drop --tokenizer"),
     (["--text-field", "body"], "--text-field applies only to text --data"),
     (["--data", "{tmp}/plain.txt", "--text-field", "body"],
      "--text-field applies only to .jsonl and .parquet files, and --data {tmp}/plain.txt holds "

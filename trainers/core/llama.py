@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainers.core.attention import attention_fn, sdpa
-from trainers.core.model import block_tp_plan
-from trainers.core.model_spec import ModelSpec, ParameterInit
+from trainers.core.model import block_tp_plan, scaled_init
+from trainers.core.model_spec import ModelSpec
 from trainers.spec.shapes import ModelConfig
 
 
@@ -121,20 +121,6 @@ class Llama(nn.Module):
         return x if self.head is None else self.head(self.norm(x))
 
 
-def llama_init(shape: ModelConfig) -> ParameterInit:
-    """N(0, 0.02) for matrices and embeddings, the residual projections (``wo``, ``down``)
-    scaled by 1/sqrt(2 L), norm weights 1."""
-    def init(name: str, value: torch.Tensor, generator: torch.Generator) -> None:
-        if value.dim() < 2:
-            value.fill_(1.0)
-            return
-        std = 0.02
-        if name.endswith(("wo.weight", "down.weight")):
-            std /= (2 * shape.n_layers) ** 0.5
-        value.normal_(mean=0.0, std=std, generator=generator)
-    return init
-
-
 def llama_tp_plan(sequence_parallel: bool) -> dict[str, object]:
     """The block plan of :func:`trainers.core.model.block_tp_plan` with SwiGLU's ``gate`` and
     ``up`` column-wise; key/value heads split like the query heads (``--tp`` divides both)."""
@@ -143,7 +129,8 @@ def llama_tp_plan(sequence_parallel: bool) -> dict[str, object]:
 
 def llama_spec(shape: ModelConfig) -> ModelSpec:
     """The spec of the Llama-family model of ``shape``."""
-    return ModelSpec(shape=shape, build=lambda: Llama(shape), init_parameter=llama_init(shape),
+    return ModelSpec(shape=shape, build=lambda: Llama(shape),
+                     init_parameter=scaled_init(shape.n_layers),
                      shared_parameters={"head.weight": "tok_emb.weight"} if shape.tied_head
                      else {},
                      tp_plan=llama_tp_plan, first=("tok_emb",), last=("norm", "head"))

@@ -117,9 +117,10 @@ class Transformer(nn.Module):
         return x if self.head is None else self.head(self.norm(x))
 
 
-def gpt_init(n_layers: int) -> ParameterInit:
-    """GPT-2's initialization: N(0, 0.02) for matrices and embeddings, residual projections
-    (``wo``, ``down``) scaled by 1/sqrt(2 L), LayerNorm weights 1 and biases 0."""
+def scaled_init(n_layers: int) -> ParameterInit:
+    """GPT-2's initialization, which both built-in families use: N(0, 0.02) for matrices and
+    embeddings, the residual projections (``wo``, ``down``) scaled by 1/sqrt(2 L), norm
+    weights 1 and biases 0."""
     def init(name: str, value: torch.Tensor, generator: torch.Generator) -> None:
         if value.dim() < 2:
             value.fill_(1.0 if name.endswith("weight") else 0.0)
@@ -158,7 +159,7 @@ def block_tp_plan(sequence_parallel: bool, mlp: tuple[str, ...] = ("up",)) -> di
 def gpt_spec(shape: ModelConfig) -> ModelSpec:
     """The spec of the GPT-family model of ``shape``."""
     return ModelSpec(shape=shape, build=lambda: Transformer(shape),
-                     init_parameter=gpt_init(shape.n_layers),
+                     init_parameter=scaled_init(shape.n_layers),
                      shared_parameters={"head.weight": "tok_emb.weight"},
                      tp_plan=block_tp_plan,
                      first=("tok_emb", "pos_emb", "emb_dropout"), last=("norm", "head"))

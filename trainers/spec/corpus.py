@@ -1,7 +1,8 @@
 """Text corpora: which files a ``--data`` file, directory or glob names, their documents, and
 their tokenization into one token file.
 
-A ``.txt`` file is one document (UTF-8; invalid bytes read as U+FFFD), a ``.jsonl`` line is
+A plain-text file (``.txt``, ``.md``, or ``.py`` for code corpora) is one document (UTF-8;
+invalid bytes read as U+FFFD), a ``.jsonl`` line is
 one document (its ``--text-field`` string; blank lines are skipped), a ``.parquet`` row is one
 document (its ``--text-field`` column, read with pyarrow). Files are read in sorted path order
 and their documents joined with the tokenizer's end-of-text id between them. Training
@@ -25,7 +26,8 @@ from trainers.spec.errors import ConfigError
 from trainers.spec.token_file import token_file_writer
 from trainers.spec.tokenizer import TextTokenizer
 
-TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+PLAIN_SUFFIXES = (".txt", ".md", ".py")
+TEXT_SUFFIXES = (*PLAIN_SUFFIXES, ".jsonl", ".parquet")
 FIELD_SUFFIXES = (".jsonl", ".parquet")  # files that --text-field applies to
 _TXT_BLOCK = 1 << 20  # characters of a .txt file tokenized at once (cut at a line end)
 _BATCH = 256  # documents tokenized at once
@@ -64,14 +66,15 @@ def resolve_files(specs: Sequence[str], flag: str = "--data") -> list[Path]:
         for path in found:
             if path.suffix not in TEXT_SUFFIXES:
                 raise ConfigError(f"{flag} {spec}: {path} has an unknown suffix; pass only "
-                                  ".txt, .jsonl or .parquet files (or a token file ending .bin)")
+                                  ".txt, .md, .py, .jsonl or .parquet files (or a token file "
+                                  "ending .bin)")
         files += found
     return files
 
 
 def pieces(path: Path, text_field: str) -> Iterator[Piece]:
     """The text of ``path`` in pieces, each with whether a document ends after it."""
-    if path.suffix == ".txt":
+    if path.suffix in PLAIN_SUFFIXES:
         yield from _txt_pieces(path)
     elif path.suffix == ".jsonl":
         yield from ((text, True) for text in _jsonl_texts(path, text_field))

@@ -4,9 +4,14 @@
 - a token file (``.bin``, or any file with a token-file header): ids with their vocabulary;
 - a raw ``.bin`` (nanoGPT: ids, no header), when ``--token-dtype`` and ``--vocab-size`` say
   how to read it;
-- text: a ``.txt``/``.jsonl``/``.parquet`` file, a directory or a glob of them, tokenized with
-  ``--tokenizer`` once into a token file cached under ``<output-dir>/data/``, named by a hash
-  of the files' paths, sizes and modification times, the tokenizer and ``--text-field``.
+- text: a plain-text (``.txt``, ``.md``, ``.py``), ``.jsonl`` or ``.parquet`` file, a directory
+  or a glob of them, tokenized with ``--tokenizer`` once into a token file cached under
+  ``<output-dir>/data/``, named by a hash of the files' paths, sizes and modification times,
+  the tokenizer and ``--text-field``.
+
+With a token file or a raw ``.bin``, ``--tokenizer`` names the tokenizer that made its ids
+(``trainers.sample`` and ``trainers.export`` decode with it): its vocabulary must be the token
+file's, or fit a raw ``.bin``'s ``--vocab-size``.
 """
 
 from __future__ import annotations
@@ -62,11 +67,12 @@ def check_data_options(cfg: TrainConfig) -> None:
         missing = ("--vocab-size N (ids below N)" if cfg.token_dtype
                    else "--token-dtype uint16|uint32")
         raise ConfigError(f"a raw .bin --data needs --token-dtype and --vocab-size; pass {missing}")
-    for flag, given in (("--tokenizer", cfg.tokenizer != BYTES),
-                        ("--text-field", cfg.text_field != DEFAULT_TEXT_FIELD)):
-        if given and kind != TEXT:
-            raise ConfigError(f"{flag} applies only to text --data (.txt, .jsonl or .parquet "
-                              f"files), not {given_data}; drop {flag}")
+    if cfg.tokenizer != BYTES and kind == SYNTHETIC:
+        raise ConfigError("--tokenizer applies to text data or the token file it made, not "
+                          "synthetic data; drop --tokenizer")
+    if cfg.text_field != DEFAULT_TEXT_FIELD and kind != TEXT:
+        raise ConfigError(f"--text-field applies only to text --data (.jsonl or .parquet files), "
+                          f"not {given_data}; drop --text-field")
 
 
 def text_source(cfg: TrainConfig) -> tuple[list[Path], TextTokenizer, Path]:
@@ -117,4 +123,17 @@ def check_data(cfg: TrainConfig, model_vocab: int) -> None:
         array = token_array(cfg)
     if kind == RAW:
         check_raw_ids(array)
+    if kind != TEXT and cfg.tokenizer != BYTES:
+        _check_tokenizer_made(load_tokenizer(cfg.tokenizer), array, kind)
     check_token_array(array, cfg.seq_len, model_vocab)
+
+
+def _check_tokenizer_made(tokenizer: TextTokenizer, array: TokenArray, kind: str) -> None:
+    """ConfigError unless ``tokenizer`` could have made the ids of ``array``: the token file's
+    vocabulary, or one that fits a raw ``.bin``'s."""
+    fits = (tokenizer.vocab_size <= array.vocab_size if kind == RAW
+            else tokenizer.vocab_size == array.vocab_size)
+    if not fits:
+        raise ConfigError(f"--tokenizer {tokenizer.name} has {tokenizer.vocab_size:,} ids, but "
+                          f"the {kind}'s vocabulary is {array.vocab_size:,}; pass the tokenizer "
+                          "that made it")

@@ -85,9 +85,10 @@ def import_spec(name: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001 - any failure of user code is reported in one line
-        raise ConfigError(f"--model {name}: module {module_name} does not import "
-                          f"({type(err).__name__}: {err}); run from the directory that holds "
-                          "it or install its package") from None
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"--model {name}: module {module_name} does not import ({reason}); "
+                          "pass a module importable from the working directory or an installed "
+                          "package") from None
     spec = getattr(module, attr, None)
     if not isinstance(getattr(spec, "shape", None), ModelConfig) or not callable(
             getattr(spec, "build", None)):

@@ -129,9 +129,9 @@ MODEL_SIZES: dict[str, ModelConfig] = {
     # The Llama family. CI: seconds on one core, grouped-query attention (2 heads per kv head).
     "llama-tiny": ModelConfig(vocab_size=256, n_layers=4, n_heads=4, n_kv_heads=2, d_model=64,
                               ffn_dim=176, max_seq_len=64, family="llama"),
-    # CPU demos with a trained BPE vocabulary (examples/stdlib_code): ~14M parameters.
-    "llama-small": ModelConfig(vocab_size=8192, n_layers=6, n_heads=6, n_kv_heads=2,
-                               d_model=384, ffn_dim=1024, max_seq_len=256, family="llama"),
+    # CPU demos with a trained BPE vocabulary of 4,096 (examples/stdlib_code): ~6.5M parameters.
+    "llama-small": ModelConfig(vocab_size=4096, n_layers=6, n_heads=4, n_kv_heads=2,
+                               d_model=256, ffn_dim=704, max_seq_len=256, family="llama"),
     # Llama 3.2 1B's shape (its head untied) and Llama 3 8B's.
     "llama-1b": ModelConfig(vocab_size=128256, n_layers=16, n_heads=32, n_kv_heads=8,
                             d_model=2048, ffn_dim=8192, max_seq_len=8192, family="llama"),
