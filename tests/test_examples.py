@@ -26,4 +26,4 @@ def test_stdlib_code_demo_runs_end_to_end(tmp_path):
     assert summary["model"] == "llama-small" and summary["world_size"] == 2
     assert summary["first_loss"] == pytest.approx(math.log(4096), abs=0.5)
     assert "final_eval_loss" in summary
-    assert proc.stdout.splitlines()[-1].startswith("def read_config(path):")
+    assert "\ndef read_config(path):" in "\n" + proc.stdout  # the sample, prompt first
