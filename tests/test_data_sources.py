@@ -205,8 +205,9 @@ def test_each_source_trains_and_resumes_exactly(tmp_path, small_tokenizer, sourc
     data = SOURCES[source](tmp_path, small_tokenizer)
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     run_trainer([*RESUMABLE, *data, "--output-dir", str(whole)])
-    proc = run_trainer([*RESUMABLE, *data, "--output-dir", str(resumed), "--resume",
-                        str(whole / "checkpoints" / "step_00000004")])
+    # Resumed with two DataLoader workers: the same sequences as the run that had none.
+    proc = run_trainer([*RESUMABLE, *data, "--output-dir", str(resumed), "--num-workers", "2",
+                        "--resume", str(whole / "checkpoints" / "step_00000004")])
     assert "at step 4" in proc.stdout
     assert_close(losses(resumed), {s: v for s, v in losses(whole).items() if s > 4})
     assert all(np.isfinite(v) for v in losses(whole).values())

@@ -114,8 +114,9 @@ def block_activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, preci
     to the query heads), the attention output, the residual after attention, the normed input
     of the MLP and the block's output, and the MLP's ``m``: its up projection and GELU (4 e
     each) in the gpt family, gate, SiLU, up and their product (n x ffn each) in the llama
-    family, whose RMSNorms (composite ops) also keep their normalized input (2 e); plus the
-    norms' statistics (LayerNorm's mean and rstd, RMSNorm's rstd: 4 bytes
+    family, whose RMSNorms (composite ops computing in fp32) also keep their normalized input
+    in fp32 and, for a bf16 input, its fp32 copy (:func:`rms_norm_bytes`); plus the norms'
+    statistics (LayerNorm's mean and rstd, RMSNorm's rstd: 4 bytes
     per token each) and the attention's log-sum-exp (heads x n x 4). ``precision`` ``bf16``
     is autocast: the matmuls' inputs and outputs are bf16 copies (a norm's output is cast once
     for each matmul reading it: 4 casts in gpt, 5 in llama) while the residual stream stays
@@ -128,23 +129,29 @@ def block_activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, preci
     llama = shape.family == "llama"
     inner = 4 * e + (4 * n * shape.d_ff if llama else 8 * e)  # q, k, v, attention | MLP
     weights = 0
-    normalized = 2 * e if llama else 0
     if precision == "fp32":
-        replicated, split = (4 * e + normalized) * FP32, inner * FP32  # x_mid, norms, out | inner
+        replicated, split = 4 * e * FP32, inner * FP32  # x_mid, 2 norms, out | inner
     elif precision == "bf16":
         casts = 5 if llama else 4
-        # x_mid, out and the normalized inputs in fp32 | the norm outputs' casts
-        replicated = (2 * e + normalized) * FP32 + casts * e * BF16
+        replicated = 2 * e * FP32 + casts * e * BF16  # x_mid, out fp32 | norm casts
         split = inner * BF16
         weights = shape.block_matmul_params() * BF16 // tp
     elif precision == "bf16-params":
-        replicated, split = (4 * e + normalized) * BF16, inner * BF16
+        replicated, split = 4 * e * BF16, inner * BF16
     else:
         raise ValueError(f"unknown precision {precision!r}; use fp32, bf16 or bf16-params")
     norm_stats = 1 if llama else 2
     stats = 2 * norm_stats * n * FP32 + heads // tp * n * FP32
-    return replicated + split // tp + weights + stats + attention_score_bytes(
+    norms = 2 * rms_norm_bytes(e, precision) if llama else 0
+    return replicated + norms + split // tp + weights + stats + attention_score_bytes(
         shape, micro_batch, seq, tp)
+
+
+def rms_norm_bytes(elements: int, precision: str) -> int:
+    """What an RMSNorm of ``elements`` keeps beyond its input and output: its normalized input
+    in fp32, and under FSDP's bf16 policy (a bf16 input) the input's fp32 copy too (torch's
+    composite ``rms_norm`` computes in fp32)."""
+    return (2 if precision == "bf16-params" else 1) * elements * FP32
 
 
 # The attention implementations' tiles (trainers/attention.py): sliding_window's query block,
@@ -189,7 +196,7 @@ def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: 
     head = {"fp32": e * FP32, "bf16": e * BF16 + shape.vocab_size * shape.d_model * BF16,
             "bf16-params": e * BF16}[precision]
     llama = shape.family == "llama"
-    norm = (e * stream + n * FP32) if llama else 2 * n * FP32  # RMSNorm | LayerNorm's stats
+    norm = (rms_norm_bytes(e, precision) + n * FP32) if llama else 2 * n * FP32  # stats
     ends = e * stream + head + norm + n * shape.vocab_size * FP32
     return layers * per_block + ends
 
