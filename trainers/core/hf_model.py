@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,13 +55,14 @@ def _load_config(folder: Path):
     return config
 
 
-def _weight_files(folder: Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it, over every file in ``folder``."""
+def _weight_files(folder: Path) -> dict[str, Any]:
+    """Tensor name -> the open (memory-mapped) safetensors file holding it, over every file
+    in ``folder``; each file is opened once."""
     from safetensors import safe_open
-    found: dict[str, Path] = {}
+    found: dict[str, Any] = {}
     for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(path, framework="pt") as handle:
-            found.update({key: path for key in handle.keys()})  # noqa: SIM118 - not a dict
+        handle = safe_open(path, framework="pt")
+        found.update({key: handle for key in handle.keys()})  # noqa: SIM118 - not a dict
     return found
 
 
@@ -78,9 +80,7 @@ def _initializer(folder: Path, std: float, prefix: str) -> ParameterInit:
                                   f"tensor {key}; save the model with save_pretrained")
             fallback(name, value, generator)
             return
-        from safetensors import safe_open
-        with safe_open(files[key], framework="pt") as handle:
-            tensor = handle.get_tensor(key)
+        tensor = files[key].get_tensor(key)
         if tensor.shape != value.shape:
             raise ConfigError(f"--model hf:{folder}: {key} is {tuple(tensor.shape)} in the "
                               f"safetensors file but {tuple(value.shape)} in config.json")

@@ -141,7 +141,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
             on_step(step, metrics, saved)
     writer.close()
     summary = _summarize(cfg, env, history, start_step, time.perf_counter() - wall_start,
-                         train_set, mfu_per_token_per_s)
+                         train_set, mfu_per_token_per_s, model_cfg.num_params())
     summary.update(restarts=restart_count(), steps_lost=writer.steps_redone)
     if env.is_main and history:
         write_summary(run_dir, summary)
@@ -152,7 +152,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
 
 def _summarize(cfg: TrainConfig, env: DistEnv, history: list[dict[str, float]],
                start_step: int, wall_time: float, train_set: Any,
-               mfu_per_token_per_s: float) -> dict[str, Any]:
+               mfu_per_token_per_s: float, params: int) -> dict[str, Any]:
     """Final figures; throughput and MFU from the mean step time after 3 warm-up steps."""
     if not history:
         return {"steps": start_step, "note": "already complete"}
@@ -160,7 +160,7 @@ def _summarize(cfg: TrainConfig, env: DistEnv, history: list[dict[str, float]],
     step_time = sum(m["step_time_s"] for m in timed) / len(timed)
     tokens_per_s = cfg.batch_size * cfg.seq_len / step_time
     summary: dict[str, Any] = {
-        "model": cfg.model, "params": model_shape(cfg.model).num_params(),
+        "model": cfg.model, "params": params,
         "world_size": env.world_size,
         "steps": cfg.steps, "resumed_from_step": start_step,
         "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],

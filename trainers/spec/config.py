@@ -217,7 +217,7 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
                               f"of {context}; pass --seq-len <= {context}")
         if cfg.seq_len == 0:
             cfg.seq_len = context
-        _check_model_options(cfg, shape)
+        _check_model_options(cfg)
     entry = trainer(name)
     _check_trainer_options(cfg, name)
     if cfg.tp < 1 or cfg.pp < 1 or cfg.dp < 0:
@@ -248,7 +248,7 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
     return cfg
 
 
-def _check_model_options(cfg: TrainConfig, shape: ModelConfig) -> None:
+def _check_model_options(cfg: TrainConfig) -> None:
     """Options the model cannot honour: the attention choice and dropout exist only in the
     built-in families."""
     if cfg.model in MODEL_SIZES:
