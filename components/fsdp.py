@@ -12,9 +12,9 @@ def fsdp(
     *script_args: str,
     j: str = "1x2",
     image: str = DEFAULT_IMAGE,
-    cpu: int = 2,
+    cpu: int = 0,
     gpu: int = 0,
-    memMB: int = 4096,
+    memMB: int = 0,
     h: Optional[str] = None,
     env: Optional[Dict[str, str]] = None,
     max_retries: int = 0,
@@ -22,6 +22,7 @@ def fsdp(
     mounts: Optional[List[str]] = None,
     check_paths: bool = True,
     device_memory_gb: float = 0.0,
+    gpu_type: Optional[str] = None,
 ) -> specs.AppDef:
     """Fully sharded data parallel training with FSDP2 (``python -m trainers.fsdp``).
 
@@ -37,4 +38,4 @@ def fsdp(
     return trainer_app("fsdp", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
                        memMB=memMB, h=h, env=env, max_retries=max_retries,
                        rdzv_port=rdzv_port, mounts=mounts, check_paths=check_paths,
-                       device_memory_gb=device_memory_gb)
+                       device_memory_gb=device_memory_gb, gpu_type=gpu_type)

@@ -19,9 +19,10 @@ from torchx.specs.api import macros
 from components.errors import ComponentArgumentError
 from trainers.spec import faults, registry
 from trainers.spec.config import parse_config
-from trainers.spec.errors import ConfigError
+from trainers.spec.errors import ConfigError, MissingPathError
 from trainers.spec.models import model_kind
 from trainers.spec.planner import GIB, check_fits
+from trainers.spec.resources import GPU_MEMORY_GB, gpu_memory_gb, node_request
 
 # The image that container schedulers (kubernetes, local_docker) run; local_cwd ignores it.
 DEFAULT_IMAGE = "torchx-templates:cpu"
@@ -95,9 +96,9 @@ def rendezvous_port(port: int, max_nodes: int) -> int:
 LAUNCH_ARGS = """\
         j: [min_nodes:]nodes x processes per node, e.g. 1x2, 2x8 or 1:2x8 (elastic)
         image: container image for container schedulers (ignored by local_cwd)
-        cpu: CPUs per node
-        gpu: GPUs per node (set to the processes per node on GPU hosts)
-        memMB: memory per node in MB
+        cpu: CPUs per node (0: 2 on CPU nodes, 8 per GPU on GPU nodes)
+        gpu: GPUs per node; a GPU job runs one process per GPU (-j NxG --gpu G)
+        memMB: memory per node in MB (0: 4096 on CPU nodes, 32768 per GPU on GPU nodes)
         h: a registered named resource (takes precedence over cpu, gpu and memMB)
         env: extra environment variables, e.g. OMP_NUM_THREADS=1,NCCL_DEBUG=WARN
         max_retries: restarts after a failure: torchrun restarts lost workers in place (any
@@ -108,9 +109,11 @@ LAUNCH_ARGS = """\
         mounts: mounts for the workers, e.g. type=bind,src=/data,dst=/data
         check_paths: check --data and --output-dir on the submitting machine; turn off when
             they exist only where the job runs
-        device_memory_gb: memory of one device (GPU); the job is refused when the memory
-            planner says a rank needs more (0: CPU jobs are checked against memMB shared by
-            the node's processes, GPU jobs are not checked)
+        device_memory_gb: GB of one GPU: the job is refused when the memory planner says a rank
+            needs more (a GPU job names this or gpu_type; CPU jobs are checked against
+            memMB shared by the node's processes)
+        gpu_type: the GPU model instead of device_memory_gb, e.g. a100-80gb, h100, h200
+            (python -m trainers.plan --help lists them)
 """
 
 
@@ -136,48 +139,87 @@ def trainer_app(
     mounts: list[str] | None,
     check_paths: bool,
     device_memory_gb: float,
+    gpu_type: str | None,
 ) -> specs.AppDef:
     """The AppDef that runs trainer ``trainer`` (``python -m trainers.<trainer> <script_args>``)
     under torchrun via dist.ddp.
 
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
-    The trainer's placement check (its registry entry's ``check_placement``) sees the
-    processes and GPUs per node; a ``TRAINERS_KILL_AT`` in ``env`` is checked as the trainers
-    will read it.
+    The trainer's placement check (its registry entry's ``check_placement``: one process per
+    GPU, or model_parallel's one process per node) sees the processes and GPUs per node (those
+    of the named resource ``h`` when given); ``cpu`` and ``memMB`` of 0 take the per-node
+    defaults of :func:`trainers.spec.resources.node_request`; a ``TRAINERS_KILL_AT`` in
+    ``env`` is checked as the trainers will read it.
     ``max_retries`` is both torchrun's in-place restarts and the scheduler's retries.
-    The memory pre-flight (:func:`trainers.spec.planner.check_fits`) runs against
-    ``device_memory_gb`` per rank, or on CPU-only jobs against the node's ``memMB`` shared by
-    its processes; GPU jobs without ``device_memory_gb`` (or with a named resource ``h``) are
-    not checked, nor are models in files (``hf:DIR``, ``MODULE:ATTR``) with
-    ``check_paths`` false.
+    The memory pre-flight (:func:`trainers.spec.planner.check_fits`) runs against one device
+    of ``device_memory_gb`` or of ``gpu_type`` (a GPU job must name one), or on CPU-only jobs
+    against the node's memory shared by its processes; models in files (``hf:DIR``,
+    ``MODULE:ATTR``) are not checked with ``check_paths`` false.
     """
     min_nodes, max_nodes, nproc = node_range(j)
+    check_launch_specs(h, mounts)
     args = list(script_args)
     if not any(a == "--output-dir" or a.startswith("--output-dir=") for a in args):
         args += ["--output-dir", f"outputs/{macros.app_id}"]
     world_sizes = [nodes * nproc for nodes in range(min_nodes, max_nodes + 1)]
+    resource = specs.named_resources[h] if h is not None else None
+    gpus = resource.gpu if resource is not None else gpu
+    cpu, memMB = node_request(gpus, cpu, memMB)
     try:
         entry = registry.trainer(trainer)
         cfg = parse_config(args, trainer, world_sizes=world_sizes, check_paths=check_paths)
-        if entry.check_placement is not None:
-            entry.check_placement(cfg, nproc, gpu)
+        entry.check_placement(cfg, nproc, gpus)
         check_kill_point(env, world_sizes[-1])
-        memory = (device_memory_gb * GIB if device_memory_gb > 0
-                  else memMB * 2**20 / nproc if gpu == 0 and h is None else 0)
+        node_mb = resource.memMB if resource is not None else memMB
+        memory, more = rank_memory(nproc, gpus, node_mb, device_memory_gb, gpu_type)
         # A model in files (hf:DIR, MODULE:ATTR) is read only where the paths are checked.
-        if memory and (check_paths or model_kind(cfg.model) == "builtin"):
-            check_fits(cfg, trainer, world_sizes[0], nproc, min_nodes,
-                       int(memory), "cuda" if gpu > 0 else "cpu")
+        if check_paths or model_kind(cfg.model) == "builtin":
+            try:
+                check_fits(cfg, trainer, world_sizes[0], nproc, min_nodes, memory,
+                           "cuda" if gpus > 0 else "cpu")
+            except ConfigError as err:
+                raise ConfigError(f"{err}; or {more}") from None
+    except MissingPathError as err:
+        raise ComponentArgumentError(
+            f"trainers.{trainer}: {err}; if it exists only where the job runs, pass "
+            "--check_paths False") from None
     except ConfigError as err:
         raise ComponentArgumentError(f"trainers.{trainer}: {err}") from None
-    check_launch_specs(h, mounts)
     app = dist.ddp(*args, m=entry.module, image=image, name=trainer, h=h,
                    cpu=cpu, gpu=gpu, memMB=memMB, j=j, env=env, max_retries=max_retries,
                    rdzv_port=rendezvous_port(rdzv_port, max_nodes), mounts=mounts)
     if max_retries:
         restart_in_place(app, max_retries)
     return app
+
+
+def rank_memory(nproc: int, gpus: int, node_mb: int, device_memory_gb: float,
+                gpu_type: str | None) -> tuple[int, str]:
+    """(bytes one rank may use, how to give it more) for the memory pre-flight.
+
+    A GPU job's rank has one device: of ``device_memory_gb`` or ``gpu_type``, exactly one of
+    which it must name; a CPU job's ranks share the node's ``node_mb``.
+    """
+    if device_memory_gb < 0:
+        raise ConfigError(f"--device_memory_gb {device_memory_gb:g} is negative; pass the GB of "
+                          "one GPU, e.g. --device_memory_gb 80")
+    if gpus == 0:
+        if gpu_type is not None or device_memory_gb:
+            given = "--gpu_type" if gpu_type is not None else "--device_memory_gb"
+            raise ConfigError(f"{given} describes GPUs, but the job asks for none; pass --gpu N "
+                              f"(one per process), or drop {given}")
+        return (node_mb * 2**20 // nproc,
+                f"pass more --memMB (now {node_mb} MB per node, shared by {nproc} processes)")
+    if gpu_type is not None and device_memory_gb:
+        raise ConfigError(f"--gpu_type {gpu_type} and --device_memory_gb {device_memory_gb:g} "
+                          "both give the GPUs' memory; pass one of them")
+    if gpu_type is None and not device_memory_gb:
+        raise ConfigError(f"--gpu {gpus}: name the GPUs so the job is checked to fit before it "
+                          f"is scheduled; pass --gpu_type (one of {', '.join(GPU_MEMORY_GB)}) "
+                          "or --device_memory_gb N (GB of one GPU)")
+    gb = device_memory_gb or gpu_memory_gb(str(gpu_type))
+    return int(gb * GIB), "use GPUs with more memory (--gpu_type or --device_memory_gb)"
 
 
 def restart_in_place(app: specs.AppDef, max_restarts: int) -> None:

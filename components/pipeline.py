@@ -12,9 +12,9 @@ def pipeline(
     *script_args: str,
     j: str = "1x2",
     image: str = DEFAULT_IMAGE,
-    cpu: int = 2,
+    cpu: int = 0,
     gpu: int = 0,
-    memMB: int = 4096,
+    memMB: int = 0,
     h: Optional[str] = None,
     env: Optional[Dict[str, str]] = None,
     max_retries: int = 0,
@@ -22,6 +22,7 @@ def pipeline(
     mounts: Optional[List[str]] = None,
     check_paths: bool = True,
     device_memory_gb: float = 0.0,
+    gpu_type: Optional[str] = None,
 ) -> specs.AppDef:
     """Pipeline-parallel training (``python -m trainers.pipeline``).
 
@@ -37,4 +38,4 @@ def pipeline(
     return trainer_app("pipeline", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
                        memMB=memMB, h=h, env=env, max_retries=max_retries,
                        rdzv_port=rdzv_port, mounts=mounts, check_paths=check_paths,
-                       device_memory_gb=device_memory_gb)
+                       device_memory_gb=device_memory_gb, gpu_type=gpu_type)

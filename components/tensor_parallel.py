@@ -15,9 +15,9 @@ def tensor_parallel(
     *script_args: str,
     j: str = "1x2",
     image: str = DEFAULT_IMAGE,
-    cpu: int = 2,
+    cpu: int = 0,
     gpu: int = 0,
-    memMB: int = 4096,
+    memMB: int = 0,
     h: Optional[str] = None,
     env: Optional[Dict[str, str]] = None,
     max_retries: int = 0,
@@ -25,6 +25,7 @@ def tensor_parallel(
     mounts: Optional[List[str]] = None,
     check_paths: bool = True,
     device_memory_gb: float = 0.0,
+    gpu_type: Optional[str] = None,
 ) -> specs.AppDef:
     """Tensor parallel inside groups of ``--tp`` ranks, FSDP across them
     (``python -m trainers.tensor_parallel``).
@@ -42,4 +43,4 @@ def tensor_parallel(
     return trainer_app("tensor_parallel", script_args, j=j, image=image, cpu=cpu, gpu=gpu,
                        memMB=memMB, h=h, env=env, max_retries=max_retries,
                        rdzv_port=rdzv_port, mounts=mounts, check_paths=check_paths,
-                       device_memory_gb=device_memory_gb)
+                       device_memory_gb=device_memory_gb, gpu_type=gpu_type)

@@ -47,6 +47,7 @@ class Row:
     trainer: tuple[str, ...] = ("--model", "tiny", "--steps", "20")
     cfg: str = ""
     exact: bool = True
+    ends: str = ""  # and (for a row that is not exact) its end
 
     def args(self, tmp: Path) -> list[str]:
         """The CLI arguments (kubernetes rows are dry runs: no API server is needed)."""
@@ -136,8 +137,8 @@ ROWS = [
         ".txt, .jsonl or .parquet files", trainer=("--data", "{tmp}/empty")),
     Row("data-glob-matches-nothing", "local_cwd", "pipeline",
         "trainers.pipeline: --data {tmp}/*.parquet: the glob matches no files; pass a pattern "
-        "that matches .txt, .jsonl or .parquet files",
-        trainer=("--pp", "2", "--data", "{tmp}/*.parquet")),
+        "that matches .txt, .jsonl or .parquet files; if it exists only where the job runs, "
+        "pass --check_paths False", trainer=("--pp", "2", "--data", "{tmp}/*.parquet")),
     Row("data-unknown-suffix", "local_cwd", "ddp",
         "trainers.ddp: --data {tmp}/notes.csv: {tmp}/notes.csv has an unknown suffix; pass only "
         ".txt, .md, .py, .jsonl or .parquet files (or a token file ending .bin)",
@@ -148,8 +149,8 @@ ROWS = [
         "an installed package", trainer=("--model", "no_such_module:SPEC")),
     Row("model-hf-without-config", "local_cwd", "fsdp",
         "trainers.fsdp: --model hf:{tmp}/empty: {tmp}/empty/config.json does not exist; pass hf: "
-        "and a local directory holding a Hugging Face config.json",
-        trainer=("--model", "hf:{tmp}/empty")),
+        "and a local directory holding a Hugging Face config.json; if it exists only where the "
+        "job runs, pass --check_paths False", trainer=("--model", "hf:{tmp}/empty")),
     Row("tp-on-a-model-without-a-plan", "local_cwd", "tensor_parallel",
         "trainers.tensor_parallel: --model hf:{tmp}/hf has no tensor-parallel plan; pass --tp 1 "
         "(e.g. trainers.fsdp) or give its ModelSpec a tp_plan",
@@ -166,6 +167,66 @@ ROWS = [
     Row("model-does-not-fit-gpu", "slurm", "fsdp", "trainers.fsdp: --model 7b needs", j="2x1",
         options=("--gpu", "1", "--device_memory_gb", "16"), trainer=("--model", "7b"),
         exact=False),
+    Row("data-only-on-the-cluster", "slurm", "ddp",
+        "trainers.ddp: --data /cluster/tokens.bin: no such file; make one with `python -m "
+        "trainers.prepare_data TEXT OUT.bin` or use synthetic; if it exists only where the job "
+        "runs, pass --check_paths False", trainer=("--data", "/cluster/tokens.bin")),
+    Row("output-dir-not-writable", "local_cwd", "ddp",
+        "trainers.ddp: --output-dir /proc/run: /proc cannot be written", exact=False,
+        trainer=("--model", "tiny", "--output-dir", "/proc/run")),
+    # GPUs, per-GPU resources and the memory pre-flight of GPU jobs
+    Row("fewer-gpus-than-processes", "local_cwd", "ddp",
+        "trainers.ddp: 8 processes per node with --gpu 4: each process drives one GPU; pass -j "
+        "<nodes>x4, or --gpu 8", j="1x8", options=("--gpu", "4", "--gpu_type", "h100")),
+    Row("more-gpus-than-processes", "slurm", "fsdp",
+        "trainers.fsdp: 2 processes per node with --gpu 8: each process drives one GPU; pass -j "
+        "<nodes>x8, or --gpu 2", options=("--gpu", "8", "--gpu_type", "h100")),
+    Row("gpu-job-without-its-memory", "slurm", "ddp",
+        "trainers.ddp: --gpu 8: name the GPUs so the job is checked to fit before it is "
+        "scheduled; pass --gpu_type (one of", j="2x8", options=("--gpu", "8"), exact=False),
+    Row("unknown-gpu-type", "kubernetes", "ddp",
+        "trainers.ddp: --gpu_type a100 is not a GPU this repository knows; did you mean "
+        "a100-40gb or a100-80gb?", j="1x2", options=("--gpu", "2", "--gpu_type", "a100"),
+        cfg="queue=q", exact=False),
+    Row("gpu-type-on-a-cpu-job", "local_cwd", "ddp",
+        "trainers.ddp: --gpu_type describes GPUs, but the job asks for none; pass --gpu N (one "
+        "per process), or drop --gpu_type", options=("--gpu_type", "h100")),
+    Row("ddp-7b-on-h100s", "slurm", "ddp",
+        "trainers.ddp: --model 7b needs 133.1 GiB per rank, devices have 80.0; try trainers.fsdp",
+        j="2x8", options=("--gpu", "8", "--gpu_type", "h100"), trainer=("--model", "7b"),
+        exact=False),
+    Row("cpu-job-names-memmb", "slurm", "fsdp",
+        "trainers.fsdp: --model 7b needs 24.0 GiB per rank, devices have 0.5;", j="2x8",
+        trainer=("--model", "7b", "--batch-size", "16"), exact=False,
+        ends="; or pass more --memMB (now 4096 MB per node, shared by 8 processes)"),
+    # launch options, read strictly before TorchX parses them
+    Row("bool-option-not-a-bool", "local_cwd", "ddp",
+        "ddp: --check_paths nope: not a bool; pass --check_paths True or --check_paths False",
+        options=("--check_paths", "nope")),
+    Row("env-without-equals", "local_cwd", "ddp",
+        "ddp: --env FOO: not KEY=VALUE; pass --env KEY=VALUE[,KEY=VALUE...], e.g. --env "
+        "OMP_NUM_THREADS=1,NCCL_DEBUG=WARN", options=("--env", "FOO")),
+    Row("trainer-option-before-the-dashes", "local_cwd", "fsdp",
+        "fsdp: --model is not an option of the component; trainer options go after --, e.g. "
+        "torchx run {repo}/components/fsdp.py:fsdp -j 1x2 -- --model ...",
+        options=("--model", "tiny"), trainer=()),
+    Row("misspelt-component-option", "local_cwd", "ddp",
+        "ddp: --gpus is not an option of the component; did you mean --gpu?",
+        options=("--gpus", "2")),
+    # run options of every scheduler (-cfg): unknown keys and values that do not parse
+    Row("local-cwd-unknown-run-option", "local_cwd", "ddp",
+        "local_cwd: -cfg foo=bar: local_cwd has no run option foo; pass one of "
+        "auto_set_cuda_visible_devices, log_dir, prepend_cwd (`torchx runopts local_cwd` lists "
+        "them)", cfg="foo=bar"),
+    Row("slurm-misspelt-partition", "slurm", "ddp",
+        "slurm: -cfg partiton=gpu: slurm has no run option partiton; did you mean partition? "
+        "(`torchx runopts slurm` lists them)", cfg="partiton=gpu"),
+    Row("slurm-bool-not-a-bool", "slurm", "ddp",
+        "slurm: -cfg exclusive=yes is not a bool; pass exclusive=True or exclusive=False",
+        cfg="exclusive=yes"),
+    Row("kubernetes-misspelt-namespace", "kubernetes", "ddp",
+        "kubernetes: -cfg namepsace=team-a: kubernetes has no run option namepsace; did you mean "
+        "namespace? (`torchx runopts kubernetes` lists them)", cfg="queue=q,namepsace=team-a"),
     # launch options
     Row("bad-j", "local_cwd", "ddp",
         "-j 2xtwo: expected [min_nodes:]NODESxPROCS_PER_NODE, e.g. 1x2 or 1:2x4", j="2xtwo"),
@@ -224,8 +285,10 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_scheduled(request, tmp_
     lines = proc.stderr.splitlines()
     failed = [i for i, line in enumerate(lines) if line.startswith("Failed to run component")]
     assert failed and failed[-1] == len(lines) - 2, proc.stderr[-3000:]  # then one line
-    error, expected = lines[-1], " " + row.error.replace("{tmp}", str(tmp_path))
+    expected = " " + row.error.replace("{tmp}", str(tmp_path)).replace("{repo}", str(REPO))
+    error = lines[-1]
     assert error == expected if row.exact else error.startswith(expected), (error, expected)
+    assert error.endswith(row.ends), (error, row.ends)
     assert FIX.search(error), error
     # nothing scheduled: no handle or request printed, no run directory, no Slurm job
     assert "://" not in proc.stdout and "=== SCHEDULER REQUEST ===" not in proc.stdout

@@ -221,8 +221,11 @@ def test_model_parallel_component_checks_devices_and_processes():
         model_parallel("--devices", "cuda:0,cuda:1", gpu=1)
     with pytest.raises(ComponentArgumentError, match="pass -j <nodes>x1"):
         model_parallel("--devices", "cpu,cpu", j="1x2")
-    command = model_parallel("--devices", "cuda:0,cuda:1", gpu=2, j="2x1").roles[0].args[-1]
-    assert "-m trainers.model_parallel --devices cuda:0,cuda:1" in command
+    with pytest.raises(ComponentArgumentError, match="uses no GPU; pass --devices cuda:0,cuda:1"):
+        model_parallel("--devices", "cpu,cpu", gpu=2, gpu_type="l4")
+    app = model_parallel("--devices", "cuda:0,cuda:1", gpu=2, j="2x1", gpu_type="l4")
+    assert "-m trainers.model_parallel --devices cuda:0,cuda:1" in app.roles[0].args[-1]
+    assert (app.roles[0].resource.cpu, app.roles[0].resource.memMB) == (16, 65536)
 
 
 def bad_data_files(tmp: Path) -> None:

@@ -13,7 +13,7 @@ from components.ddp import ddp
 from components.errors import ComponentArgumentError
 from components.fsdp import fsdp
 from components.pipeline import pipeline
-from tests.conftest import REPO, _env
+from tests.conftest import REPO, _env, torchx_cli
 from trainers.spec.config import parse_config
 from trainers.spec.errors import ConfigError
 from trainers.spec.planner import GIB, job_candidate, recommend
@@ -58,12 +58,50 @@ def test_gpipe_holds_more_micro_batches_than_1f1b():
     assert gpipe.peak_bytes - one_f_one_b.peak_bytes == 6 * gpipe.anatomy.activations
 
 
+def _plan(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "trainers.plan", *args], capture_output=True,
+                          text=True, check=True, cwd=REPO).stdout
+
+
 def test_plan_command_prints_the_table_and_a_command():
-    out = subprocess.run([sys.executable, "-m", "trainers.plan", "--model", "1b",
-                          "--device-memory-gb", "16"], capture_output=True, text=True,
-                         check=True, cwd=REPO).stdout
+    out = _plan("--model", "1b", "--device-memory-gb", "16")
     assert "fsdp zero3 (dp 8)" in out and "recommended: fsdp" in out
-    assert "torchx run components/fsdp.py:fsdp -j 1x8 -- --model 1b" in out
+    assert ("torchx run -s slurm components/fsdp.py:fsdp -j 1x8 --gpu 8 --device_memory_gb 16 "
+            "--cpu 64 --memMB 262144 -- --model 1b") in out
+
+
+# (planner arguments) across models, node counts, GPU types, CPU plans and every strategy
+# the planner recommends; at most 2 nodes, the local Slurm cluster's partition size.
+PLANS = [
+    ("--model", "1b", "--device-memory-gb", "16"),  # fsdp
+    ("--model", "small", "--gpu-type", "l4", "--global-batch", "64"),  # ddp
+    ("--model", "7b", "--nodes", "2", "--gpu-type", "a100-40gb", "--global-batch", "64"),
+    ("--model", "llama-8b", "--nodes", "2", "--devices-per-node", "4", "--gpu-type", "h100",
+     "--global-batch", "32", "--seq-len", "4096"),
+    ("--model", "7b", "--nodes", "2", "--device-memory-gb", "24", "--global-batch", "8"),  # tp
+    ("--model", "small", "--device", "cpu", "--devices-per-node", "2", "--device-memory-gb",
+     "2", "--global-batch", "16"),
+]
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "kubernetes"])
+def test_every_command_the_planner_prints_is_accepted(request, scheduler):
+    """Each printed command, dry-run as printed (no workspace snapshot) from the repository
+    root, whose .torchxconfig holds the scheduler's settings."""
+    if scheduler == "slurm":
+        request.getfixturevalue("slurm_cluster")
+    trainers = set()
+    for plan in PLANS:
+        out = _plan(*plan, "--scheduler", scheduler)
+        (command,) = [line.strip() for line in out.splitlines()
+                      if line.strip().startswith("torchx run ")]
+        words = command.split()
+        trainers.add(words[4])
+        proc = torchx_cli("run", "--dryrun", "--workspace", "", *words[2:])
+        assert proc.returncode == 0, (command, proc.stderr[-2000:])
+        assert "=== SCHEDULER REQUEST ===" in proc.stdout
+    assert trainers >= {"components/ddp.py:ddp", "components/fsdp.py:fsdp"}
+    assert "components/tensor_parallel.py:tensor_parallel" in trainers
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,12 +1,17 @@
-"""Will it fit, and how to split it: ``python -m trainers.plan --model 7b --device-memory-gb 80``.
+"""Will it fit, and how to split it: ``python -m trainers.plan --model 7b --gpu-type h100``.
 
 Prints the memory per rank of each configuration the planner (:mod:`trainers.spec.planner`)
-prices, and the first of the decision guide's configurations that fits, as a ``torchx run``
-command.
+prices, and the first of the decision guide's configurations that fits as a complete ``torchx
+run`` command for ``--scheduler``: nodes and processes, GPUs, the GPUs' memory, the CPUs and
+memory per node the component would ask for (:mod:`trainers.spec.resources`), the image for
+Kubernetes, and the trainer's options. The scheduler's own settings (Slurm partition and time,
+Kubernetes queue and namespace) come from ``.torchxconfig``.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 from collections.abc import Sequence
 
 from trainers.spec.config import OneLineParser, exit_on_config_error
@@ -14,6 +19,9 @@ from trainers.spec.errors import ConfigError
 from trainers.spec.models import MODEL_HELP, model_shape
 from trainers.spec.planner import GIB, custom_shape, recommend, table
 from trainers.spec.registry import TRAINERS
+from trainers.spec.resources import GPU_MEMORY_GB, gpu_memory_gb, node_request
+
+SCHEDULERS = ("slurm", "kubernetes", "local_cwd")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -23,7 +31,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--global-batch", type=int, default=256, help="sequences per step")
     parser.add_argument("--devices-per-node", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--device-memory-gb", type=float, default=80.0)
+    parser.add_argument("--device-memory-gb", type=float, default=80.0,
+                        help="GB of one device (GPU; on --device cpu, each process's share)")
+    parser.add_argument("--gpu-type", choices=list(GPU_MEMORY_GB), default=None,
+                        help="the GPU model, instead of --device-memory-gb")
+    parser.add_argument("--scheduler", choices=SCHEDULERS, default="slurm",
+                        help="where the printed torchx run command submits the job")
+    parser.add_argument("--image", default="",
+                        help="container image for kubernetes (default: torchx-templates:cuda, "
+                             "or :cpu with --device cpu; push it to your registry)")
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     shape_group = parser.add_argument_group("a shape of your own (overrides --model's)")
@@ -35,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             if getattr(args, flag) <= 0:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
                                   f"{getattr(args, flag)}")
+        if args.gpu_type is not None:
+            if args.device == "cpu":
+                raise ConfigError("--gpu-type describes GPUs; drop it with --device cpu")
+            args.device_memory_gb = gpu_memory_gb(args.gpu_type)
         shape = custom_shape(model_shape(args.model), args.layers, args.heads, args.hidden,
                              args.vocab, args.context)
         seq = args.seq_len or shape.max_seq_len
@@ -48,9 +68,33 @@ def main(argv: Sequence[str] | None = None) -> None:
         best = recommend(shape, seq, args.global_batch, args.devices_per_node, args.nodes,
                          int(args.device_memory_gb * GIB), args.dtype, args.device)
     print(f"\nrecommended: {best.describe()}: {best.peak_bytes / GIB:.1f} GiB per rank")
-    print(f"  torchx run {TRAINERS[best.trainer].component} -j "
-          f"{args.nodes}x{args.devices_per_node} -- --model {args.model} --batch-size "
-          f"{args.global_batch} --dtype {args.dtype} {best.flags()}")
+    if any(getattr(args, flag) for flag in ("layers", "heads", "hidden", "vocab", "context")):
+        print("  (a shape of your own: give the trainers a --model that has it, e.g. "
+              "MODULE:ATTR, in the command's place)")
+        return
+    trainer_args = (f"--model {args.model} --batch-size {args.global_batch} --dtype {args.dtype} "
+                    + best.flags() + (f" --seq-len {args.seq_len}" if args.seq_len else ""))
+    print("  " + torchx_command(args, TRAINERS[best.trainer].component, trainer_args))
+
+
+def torchx_command(args: argparse.Namespace, component: str, trainer_args: str) -> str:
+    """The ``torchx run`` command that submits ``component`` with ``trainer_args`` on
+    ``args.nodes`` x ``args.devices_per_node`` devices to ``args.scheduler``."""
+    gpus = args.devices_per_node if args.device == "cuda" else 0
+    if gpus:
+        memory = (f"--gpu_type {args.gpu_type}" if args.gpu_type
+                  else f"--device_memory_gb {args.device_memory_gb:g}")
+        cpu, mem_mb = node_request(gpus, 0, 0)
+        launch = f"--gpu {gpus} {memory} --cpu {cpu} --memMB {mem_mb}"
+    else:  # each process gets its share of the node's memory
+        mem_mb = math.ceil(args.device_memory_gb * 1024) * args.devices_per_node
+        launch = f"--cpu {node_request(0, args.devices_per_node, 0)[0]} --memMB {mem_mb}"
+    image = ""
+    if args.scheduler == "kubernetes":
+        image = f" --image {args.image or 'torchx-templates:' + ('cuda' if gpus else 'cpu')}"
+    return (f"torchx run -s {args.scheduler} {component} -j {args.nodes}x{args.devices_per_node}"
+            f"{image} {launch} -- {trainer_args}")
+
 
 if __name__ == "__main__":
     main()

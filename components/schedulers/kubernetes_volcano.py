@@ -27,6 +27,7 @@ from torchx.specs.api import CfgVal
 from components.errors import ComponentArgumentError
 from components.schedulers import k8s_options as opt
 from components.schedulers.k8s_pod import OUTPUTS_DIR, PodOptions, check_fits, customize_pod
+from components.schedulers.run_options import StrictRunOptions
 
 DEFAULT_SHM_SIZE = "1Gi"
 LIST = List[str]  # noqa: UP006 (runopts compares option types with typing.List[str])
@@ -109,8 +110,10 @@ def check_job_names(job: dict[str, Any]) -> None:
                 "to 14 characters to the app name)")
 
 
-class KubernetesScheduler(_TorchXKubernetes):
+class KubernetesScheduler(StrictRunOptions, _TorchXKubernetes):
     """TorchX's kubernetes scheduler plus this repository's pod options and hardening."""
+
+    registered_as = "kubernetes"
 
     def _run_opts(self) -> runopts:
         opts = super()._run_opts()

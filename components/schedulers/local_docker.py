@@ -24,6 +24,7 @@ from torchx.specs import AppDef, AppState, Role
 
 from components.containers import reference_error
 from components.errors import ComponentArgumentError
+from components.schedulers.run_options import StrictRunOptions
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
@@ -35,9 +36,11 @@ PODMAN_STATES = {"configured": "created", "initialized": "created", "stopping": 
                  "stopped": "exited"}
 
 
-class DockerScheduler(docker_scheduler.DockerScheduler):
+class DockerScheduler(StrictRunOptions, docker_scheduler.DockerScheduler):
     """TorchX's ``local_docker`` with the image checks described in the module docstring, and
     podman's extra container states understood."""
+
+    registered_as = "local_docker"
 
     def _image_id(self, image: str) -> str:
         """The local ID of ``image``, pulling it if it is not local; one-line errors."""

@@ -38,6 +38,7 @@ from torchx.schedulers.slurm_scheduler import (
 from torchx.specs import AppDef, AppState, CfgVal, ReplicaStatus, Role, RoleStatus, runopts
 
 from components.errors import ComponentArgumentError
+from components.schedulers.run_options import StrictRunOptions
 
 # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds.
@@ -115,9 +116,11 @@ def slurm_user() -> str:
     return os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
 
 
-class ExtendedSlurmScheduler(SlurmScheduler):
+class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
     """TorchX's slurm scheduler with accounts, QoS, per-job directories, a cluster pre-flight
     and cancelled-job states (see the module docstring)."""
+
+    registered_as = "slurm"
 
     def _run_opts(self) -> runopts:
         opts = super()._run_opts()

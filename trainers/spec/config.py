@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, get_type_hints
 
 from trainers.spec.checkpoint_files import check_format, find_checkpoints, saved_manifest
 from trainers.spec.data_source import check_data, check_data_options
-from trainers.spec.errors import ConfigError
+from trainers.spec.errors import ConfigError, MissingPathError
 from trainers.spec.models import MODEL_HELP, model_shape
 from trainers.spec.registry import SCHEDULE_STAGES, serving, trainer
 from trainers.spec.shapes import MODEL_SIZES, ModelConfig
@@ -287,7 +288,7 @@ def _check_paths(cfg: TrainConfig, shape: ModelConfig) -> None:
         return
     source = Path(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
     if cfg.resume != "auto" and not find_checkpoints(source):
-        raise ConfigError(f"--resume {cfg.resume}: no checkpoint there; pass a run directory "
+        raise MissingPathError(f"--resume {cfg.resume}: no checkpoint there; pass a run directory "
                           "holding checkpoints/step_*, a step_* directory, auto or none")
     manifest = saved_manifest(source)
     if manifest is None:
@@ -300,16 +301,21 @@ def _check_paths(cfg: TrainConfig, shape: ModelConfig) -> None:
 
 
 def _check_writable(path: Path) -> None:
-    """Raise ConfigError unless ``path`` is, or can be created as, a writable directory."""
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
+    """Raise ConfigError unless ``path`` is, or can be created as, a writable directory.
+
+    The nearest existing ancestor is probed with a scratch directory: ``os.access`` says yes to
+    root even where the file system refuses every write (e.g. under /proc).
+    """
+    probe = path.absolute()
+    while not probe.exists() and probe.parent != probe:
         probe = probe.parent
     if not probe.is_dir():
         raise ConfigError(f"--output-dir {path}: {probe} is not a directory; pass another path")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"--output-dir {path}: {probe} is not writable; pass a writable path")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".trainers-probe-", dir=probe))
+    except OSError as err:
+        raise ConfigError(f"--output-dir {path}: {probe} cannot be written ({err.strerror}); "
+                          "pass a writable path") from None
 
 
 def parse_config(argv: Sequence[str] | None, name: str,

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from trainers.spec.errors import ConfigError
+from trainers.spec.errors import ConfigError, MissingPathError
 from trainers.spec.token_file import token_file_writer
 from trainers.spec.tokenizer import TextTokenizer
 
@@ -49,7 +49,7 @@ def resolve_files(specs: Sequence[str], flag: str = "--data") -> list[Path]:
         if _is_glob(spec):
             found = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
             if not found:
-                raise ConfigError(f"{flag} {spec}: the glob matches no files; pass a pattern "
+                raise MissingPathError(f"{flag} {spec}: the glob matches no files; pass a pattern "
                                   "that matches .txt, .jsonl or .parquet files")
         elif Path(spec).is_dir():
             found = sorted(p for p in Path(spec).rglob("*")
@@ -61,7 +61,7 @@ def resolve_files(specs: Sequence[str], flag: str = "--data") -> list[Path]:
         elif Path(spec).is_file():
             found = [Path(spec)]
         else:
-            raise ConfigError(f"{flag} {spec}: no such file or directory; pass a text file, a "
+            raise MissingPathError(f"{flag} {spec}: no such file or directory; pass a text file, a "
                               "directory or a glob of .txt, .jsonl or .parquet files")
         for path in found:
             if path.suffix not in TEXT_SUFFIXES:

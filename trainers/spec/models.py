@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainers.spec.errors import ConfigError
+from trainers.spec.errors import ConfigError, MissingPathError
 from trainers.spec.shapes import MODEL_SIZES, ModelConfig
 
 HF_PREFIX = "hf:"
@@ -44,8 +44,8 @@ def hf_directory(name: str) -> Path:
     """The directory of ``hf:DIR``; ConfigError unless it holds ``config.json``."""
     folder = Path(name[len(HF_PREFIX):]).expanduser()
     if not (folder / "config.json").is_file():
-        raise ConfigError(f"--model {name}: {folder / 'config.json'} does not exist; pass hf: and "
-                          "a local directory holding a Hugging Face config.json")
+        raise MissingPathError(f"--model {name}: {folder / 'config.json'} does not exist; pass "
+                               "hf: and a local directory holding a Hugging Face config.json")
     return folder
 
 

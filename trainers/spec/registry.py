@@ -37,6 +37,13 @@ class Split:
     in_flight: int = 1  # micro-batches whose activations one rank holds at once
 
 
+def check_one_process_per_gpu(cfg: TrainConfig, nproc_per_node: int, gpus: int) -> None:
+    """On GPU nodes (``gpus`` > 0) one process drives each GPU: as many processes as GPUs."""
+    if gpus and nproc_per_node != gpus:
+        raise ConfigError(f"{nproc_per_node} processes per node with --gpu {gpus}: each process "
+                          f"drives one GPU; pass -j <nodes>x{gpus}, or --gpu {nproc_per_node}")
+
+
 @dataclass(frozen=True)
 class Trainer:
     """One trainer: its entry module and everything the layers above ask about it.
@@ -54,7 +61,7 @@ class Trainer:
     options: frozenset[str]
     split: Callable[[TrainConfig, int], Split]
     check: Callable[[TrainConfig, int, ModelConfig | None], None] | None = None
-    check_placement: Callable[[TrainConfig, int, int], None] | None = None
+    check_placement: Callable[[TrainConfig, int, int], None] = check_one_process_per_gpu
     sharded: bool = False  # data-parallel replicas shard the state (the planner shows ZeRO-n)
     accumulate_flag: str = "--grad-accum"  # the flag that sets micro-batches per step
     oom_hints: tuple[str, ...] = ()
@@ -176,7 +183,8 @@ def check_devices(cfg: TrainConfig, world: int, shape: ModelConfig | None) -> No
 
 
 def check_one_process_per_node(cfg: TrainConfig, nproc_per_node: int, gpus: int) -> None:
-    """One process per node, and every listed GPU among the node's ``gpus``."""
+    """One process per node driving every listed device: each GPU among the node's ``gpus``,
+    and some GPU on GPU nodes."""
     if nproc_per_node != 1:
         raise ConfigError(f"model_parallel runs one process per node over --devices; pass "
                           f"-j <nodes>x1, not {nproc_per_node} processes per node")
@@ -185,6 +193,10 @@ def check_one_process_per_node(cfg: TrainConfig, nproc_per_node: int, gpus: int)
     if needed > gpus:
         raise ConfigError(f"--devices {cfg.devices} needs --gpu {needed} or more, not --gpu "
                           f"{gpus}; pass --gpu {needed}")
+    if gpus and not needed:
+        devices = ",".join(f"cuda:{i}" for i in range(gpus))
+        raise ConfigError(f"--gpu {gpus}, but --devices {cfg.devices} uses no GPU; pass "
+                          f"--devices {devices}")
 
 
 _SHARD_HINT = "trainers.fsdp (shards parameters, gradients and optimizer state)"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainers.spec.errors import ConfigError
+from trainers.spec.errors import ConfigError, MissingPathError
 
 TOKEN_FILE_HEADER = 16
 MAGIC_UINT16 = b"TXTOKEN1"
@@ -164,6 +164,6 @@ def check_token_array(array: TokenArray, seq_len: int, model_vocab: int) -> None
 
 def _check_exists(path: Path) -> None:
     if not path.is_file():
-        raise ConfigError(f"--data {path}: no such file; {MAKE_ONE} or use synthetic")
+        raise MissingPathError(f"--data {path}: no such file; {MAKE_ONE} or use synthetic")
     if path.stat().st_size == 0:
         raise ConfigError(f"--data {path}: the file is empty; tokenize a non-empty text file")

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from trainers.spec.errors import ConfigError
+from trainers.spec.errors import ConfigError, MissingPathError
 
 BYTES = "bytes"
 BYTES_END_OF_TEXT = 0xFF
@@ -55,7 +55,7 @@ def load_tokenizer(spec: str) -> TextTokenizer:
         return TextTokenizer(BYTES, 256, BYTES_END_OF_TEXT, BYTES)
     path = Path(spec)
     if not path.is_file():
-        raise ConfigError(f"--tokenizer {spec}: no such file; pass bytes or the path of a "
+        raise MissingPathError(f"--tokenizer {spec}: no such file; pass bytes or the path of a "
                           "tokenizer.json (train one with `python -m trainers.train_tokenizer`)")
     from tokenizers import Tokenizer  # imported here: only text sources need it
 
