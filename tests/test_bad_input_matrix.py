@@ -48,6 +48,8 @@ class Row:
     cfg: str = ""
     exact: bool = True
     ends: str = ""  # and (for a row that is not exact) its end
+    workspace: str | None = None  # --workspace instead of the scheduler's (kubernetes: none)
+    env: tuple[tuple[str, str], ...] = ()  # extra environment of the CLI
 
     def args(self, tmp: Path) -> list[str]:
         """The CLI arguments (kubernetes rows are dry runs: no API server is needed)."""
@@ -55,9 +57,12 @@ class Row:
             return [v.replace("{tmp}", str(tmp)) for v in values]
 
         (cfg,) = fill((self.cfg,))
-        run = ["run", "--dryrun", "--workspace", ""] if self.scheduler == "kubernetes" else ["run"]
+        run = ["run", "--dryrun"] if self.scheduler == "kubernetes" else ["run"]
+        workspace = {"kubernetes": "", "slurm": f"file://{REPO}"}.get(self.scheduler)
+        (workspace,) = fill((self.workspace,)) if self.workspace is not None else (workspace,)
+        if workspace is not None:
+            run += ["--workspace", workspace]
         if self.scheduler == "slurm":
-            run += ["--workspace", f"file://{REPO}"]
             given = dict(kv.split("=", 1) for kv in filter(None, cfg.split(",")))
             defaults = {"partition": "debug", "time": "15", "job_dir": str(tmp / "jobs")}
             cfg = ",".join(f"{k}={v}" for k, v in {**defaults, **given}.items())
@@ -213,6 +218,11 @@ ROWS = [
     Row("misspelt-component-option", "local_cwd", "ddp",
         "ddp: --gpus is not an option of the component; did you mean --gpu?",
         options=("--gpus", "2")),
+    Row("kubernetes-workspace-without-docker", "kubernetes", "ddp",
+        "kubernetes: --workspace file://{tmp} is built into an image on top of --image through "
+        "a Docker API, and none answers at unix://{tmp}/none.sock (DockerException); pass "
+        "--workspace \"\" to run --image as built", cfg="queue=q", workspace="file://{tmp}",
+        env=(("DOCKER_HOST", "unix://{tmp}/none.sock"),), exact=False),
     # run options of every scheduler (-cfg): unknown keys and values that do not parse
     Row("local-cwd-unknown-run-option", "local_cwd", "ddp",
         "local_cwd: -cfg foo=bar: local_cwd has no run option foo; pass one of "
@@ -278,7 +288,8 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_scheduled(request, tmp_
         request.getfixturevalue("slurm_cluster")
     _checkpointed_runs(tmp_path)
     bad_data_files(tmp_path)
-    proc = torchx(*row.args(tmp_path), cwd=tmp_path, env={"HOME": str(tmp_path)}, check=False)
+    env = {"HOME": str(tmp_path)} | {k: v.replace("{tmp}", str(tmp_path)) for k, v in row.env}
+    proc = torchx(*row.args(tmp_path), cwd=tmp_path, env=env, check=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output[-3000:]
     assert "Traceback" not in output, output[-3000:]

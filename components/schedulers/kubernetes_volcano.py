@@ -11,6 +11,7 @@ submitted; ``torchx run`` prints that one line and exits 1.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, List, cast  # noqa: UP035 (torchx matches typing.List[str] exactly)
 
@@ -21,7 +22,7 @@ from torchx.schedulers.kubernetes_scheduler import (
     sanitize_for_serialization,
 )
 from torchx.schedulers.kubernetes_scheduler import KubernetesScheduler as _TorchXKubernetes
-from torchx.specs import AppDef, runopts
+from torchx.specs import AppDef, Role, runopts
 from torchx.specs.api import CfgVal
 
 from components.errors import ComponentArgumentError
@@ -123,6 +124,23 @@ class KubernetesScheduler(StrictRunOptions, _TorchXKubernetes):
         for name, type_, default, help_ in _EXTRA_OPTS:
             opts.add(name, type_=type_, default=default, help=help_)
         return opts
+
+    def build_workspace_and_update_role(self, role: Role, workspace: str,
+                                        cfg: Mapping[str, CfgVal]) -> None:
+        """TorchX's image patch of the workspace on top of ``--image``; one line when no Docker
+        API answers (TorchX ends in a DockerException traceback)."""
+        from docker.errors import DockerException
+
+        try:
+            super().build_workspace_and_update_role(role, workspace, cfg)
+        except DockerException as err:
+            host = os.environ.get("DOCKER_HOST", "the default socket")
+            raise ComponentArgumentError(
+                f"kubernetes: --workspace {workspace} is built into an image on top of --image "
+                f"through a Docker API, and none answers at {host} ({type(err).__name__}); pass "
+                "--workspace \"\" to run --image as built (images/build), or start Docker (or "
+                "run .ci/podman-up and export DOCKER_HOST=unix:///run/podman/podman.sock)"
+            ) from None
 
     def _submit_dryrun(self, app: AppDef, cfg: KubernetesOpts) -> AppDryRunInfo[KubernetesJob]:
         check_cfg_names(cfg)
