@@ -58,3 +58,24 @@ def test_every_argument_reaches_the_launcher(name: str):
     assert [ast.literal_eval(call.args[0]), call.args[1].id] == [name, "script_args"]
     passed = {k.arg: k.value.id for k in call.keywords}
     assert passed == {p.name: p.name for p in _launcher_parameters()}
+
+
+def _resource(app) -> tuple[int, int, int]:
+    (role,) = app.roles
+    return role.resource.cpu, role.resource.gpu, role.resource.memMB
+
+
+def test_nodes_ask_for_resources_by_their_gpus():
+    from components.ddp import ddp
+    from components.errors import ComponentArgumentError
+
+    assert _resource(ddp("--model", "tiny")) == (2, 0, 4096)  # a CPU node
+    assert _resource(ddp("--model", "tiny", j="2x8", gpu=8, gpu_type="h100")) == (
+        64, 8, 262144)  # 8 CPUs and 32 GiB per GPU
+    assert _resource(ddp("--model", "tiny", j="1x4", gpu=4, gpu_type="l4", cpu=40,
+                         memMB=100000)) == (40, 4, 100000)
+    # a named resource's GPUs are the node's: 8 on a p4d, so 8 processes
+    app = ddp("--model", "tiny", j="1x8", h="aws_p4d.24xlarge", gpu_type="a100-40gb")
+    assert _resource(app) == (96, 8, 1132416)
+    with pytest.raises(ComponentArgumentError, match="4 processes per node with --gpu 8"):
+        ddp("--model", "tiny", j="1x4", h="aws_p4d.24xlarge", gpu_type="a100-40gb")
