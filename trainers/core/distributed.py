@@ -8,6 +8,7 @@ itself (Ray Train), the trainer joins that group and leaves it to the launcher.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ class DistEnv:
     local_rank: int
     device: torch.device
     backend: str
+    tf32: bool = False  # fp32 matmuls and cuDNN convolutions run in TF32 (configure_tf32)
 
     @property
     def is_main(self) -> bool:
@@ -57,6 +59,35 @@ def select_backend(requested: str, device: torch.device) -> str:
     if requested == "nccl" and device.type != "cuda":
         raise ConfigError("--backend nccl needs CUDA devices; pass --backend gloo or auto")
     return requested
+
+
+def tf32_applies(requested: bool, device_type: str, capability: tuple[int, int] | None,
+                 rocm: bool = False) -> bool:
+    """Whether fp32 matmuls and cuDNN convolutions should run in TensorFloat-32: asked for
+    (``--tf32``, the default) on an NVIDIA CUDA device of compute capability 8.0 (Ampere) or
+    newer. ROCm reports its own architecture numbers as ``capability``, so it never counts."""
+    return (requested and device_type == "cuda" and not rocm and capability is not None
+            and tuple(capability) >= (8, 0))
+
+
+def configure_tf32(requested: bool, device: torch.device) -> bool:
+    """Set this process's fp32 precision of CUDA matmuls and cuDNN convolutions to ``tf32`` where
+    :func:`tf32_applies`, else to ``ieee`` (full fp32; cuDNN convolutions would otherwise
+    default to TF32); return whether TF32 is on. On the CPU (or ROCm) nothing is changed.
+
+    The settings are process-wide, so the device of the rank decides for every device the
+    process drives (``model_parallel``'s ``--devices``)."""
+    rocm = torch.version.hip is not None
+    if device.type != "cuda" or rocm:
+        return False
+    on = tf32_applies(requested, device.type, torch.cuda.get_device_capability(device), rocm)
+    precision = "tf32" if on else "ieee"
+    # The per-backend API of torch >= 2.9. Its predecessors (allow_tf32,
+    # set_float32_matmul_precision) warn that they are deprecated on CUDA builds, and after
+    # this API is used torch's legacy getters raise: use only this one.
+    torch.backends.cuda.matmul.fp32_precision = precision
+    torch.backends.cudnn.conv.fp32_precision = precision
+    return on
 
 
 def attempt_store(world_size: int) -> dist.Store:
@@ -90,7 +121,7 @@ def init_distributed(cfg: TrainConfig, device: torch.device | None = None) -> It
         env = _existing_group(cfg, device or select_device(cfg.device, local_rank), local_rank)
         if env.device.type == "cuda":
             torch.cuda.set_device(env.device)
-        yield env
+        yield dataclasses.replace(env, tf32=configure_tf32(cfg.tf32, env.device))
         return
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -98,6 +129,7 @@ def init_distributed(cfg: TrainConfig, device: torch.device | None = None) -> It
     backend = select_backend(cfg.backend, device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    tf32 = configure_tf32(cfg.tf32, device)
     if "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend, store=attempt_store(world_size), rank=rank,
                                 world_size=world_size,
@@ -105,7 +137,7 @@ def init_distributed(cfg: TrainConfig, device: torch.device | None = None) -> It
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
-        yield DistEnv(rank, world_size, local_rank, device, backend)
+        yield DistEnv(rank, world_size, local_rank, device, backend, tf32)
     finally:
         dist.destroy_process_group()
 

@@ -142,7 +142,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     writer.close()
     summary = _summarize(cfg, env, history, start_step, time.perf_counter() - wall_start,
                          train_set, mfu_per_token_per_s, model_cfg.num_params())
-    summary.update(restarts=restart_count(), steps_lost=writer.steps_redone)
+    summary.update(restarts=restart_count(), steps_lost=writer.steps_redone, tf32=env.tf32)
     if env.is_main and history:
         write_summary(run_dir, summary)
         writer.print("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else

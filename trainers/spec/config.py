@@ -82,6 +82,9 @@ class TrainConfig:
                        choices=["auto", "cpu", "cuda"])
     backend: str = _opt("auto", "process-group backend: auto (nccl on cuda, else gloo), gloo, nccl",
                         choices=["auto", "gloo", "nccl"])
+    tf32: bool = _opt(True, "fp32 matmuls and cuDNN convolutions in TensorFloat-32 on CUDA "
+                      "devices of compute capability 8.0 (Ampere) or newer; no effect elsewhere "
+                      "(--no-tf32 or --tf32 false: full fp32)", negatable=True)
     # parallelism (each option belongs to the trainers whose registry entry lists it)
     tp: int = _opt(1, "tensor-parallel degree: ranks that split each block's matmuls")
     dp: int = _opt(0, "data-parallel degree (0: world size / (tp x pp)); dp x tp x pp must "
@@ -164,7 +167,11 @@ def build_parser(name: str) -> argparse.ArgumentParser:
             kwargs["nargs"] = "?"
             kwargs["const"] = True
             kwargs["metavar"] = "BOOL"
-        parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, **kwargs)
+        if f.metadata.get("negatable"):
+            parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false",
+                                default=argparse.SUPPRESS, help=f"same as {flag} false")
     return parser
 
 
