@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -342,6 +343,65 @@ def _remove_containers(app_id: str) -> None:
     for container in client.containers.list(
             all=True, filters={"label": f"torchx.pytorch.org/app-id={app_id}"}):
         container.remove(force=True)
+
+
+# The inspect attributes podman 4.3's Docker API gave for a container run with TorchX's
+# restart policy for --max_retries 2 (on-failure, 2 retries) whose command always failed,
+# trimmed to what matters here; Docker's have the same keys.
+RESTARTED_TWICE = {
+    "Id": "f43be8e99174dc54743eaf52f52aeed0926d75ee2eaca717f6d9918f4bd41860",
+    "Name": "/nifty_jang",
+    "RestartCount": 2,
+    "State": {"Status": "exited", "Running": False, "Restarting": False, "ExitCode": 1},
+    "HostConfig": {"RestartPolicy": {"Name": "on-failure", "MaximumRetryCount": 2}},
+}
+
+
+@pytest.mark.parametrize("counts, restarts", [
+    ([2], 2), ([0], 0), ([0, 2, 1], 2),  # each replica restarts on its own: the most of them
+    ([None], 0),                         # a Docker API without the key: never restarted
+    ([], 0),                             # no containers (yet)
+])
+def test_local_docker_restart_count(counts, restarts):
+    from components.schedulers.local_docker import restart_count
+
+    containers = [{**RESTARTED_TWICE, "RestartCount": n} if n is not None
+                  else {k: v for k, v in RESTARTED_TWICE.items() if k != "RestartCount"}
+                  for n in counts]
+    assert restart_count(containers) == restarts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail_first, restarts", [(False, 0), (True, 1)])
+def test_local_docker_status_reports_restarts(docker_api, fail_first, restarts):
+    # TorchX 0.7.0 reports "Num Restarts: -1" for every local_docker job. The command fails on
+    # its first attempt only (the marker stays in the container's file system), so with
+    # --max_retries 2 the engine restarts the container once and the job then succeeds.
+    import docker
+
+    code = ("import os, sys; first = not os.path.exists('/tmp/attempted'); "
+            f"open('/tmp/attempted', 'w').close(); sys.exit({fail_first} and first)")
+    proc = torchx_cli("run", "-s", "local_docker", "--workspace", "", "utils.sh", "--image",
+                      IMAGE, "--max_retries", "2", "python3", "-c", code, timeout=120)
+    app_id = (proc.stdout.strip().splitlines() or [""])[-1].rsplit("/", 1)[-1]
+    assert proc.returncode == 0 and app_id, proc.stderr[-3000:]
+    try:
+        client = docker.from_env()
+        (container,) = client.containers.list(
+            all=True, filters={"label": f"torchx.pytorch.org/app-id={app_id}"})
+        for _ in range(300):  # until the last attempt has exited
+            container.reload()
+            if container.attrs["State"]["Status"] in ("exited", "stopped") \
+                    and container.attrs["State"]["ExitCode"] == 0:
+                break
+            time.sleep(0.2)
+        assert container.attrs["RestartCount"] == restarts  # what the engine counted
+        status = torchx_cli("status", f"local_docker://torchx/{app_id}", timeout=60)
+        assert status.returncode == 0, status.stderr[-3000:]
+        assert "State: SUCCEEDED" in status.stdout, status.stdout
+        assert f"Num Restarts: {restarts}\n" in status.stdout, status.stdout
+    finally:
+        _remove_containers(app_id)
 
 
 @pytest.mark.slow

@@ -9,17 +9,18 @@ locally are run by their ID, so nothing is pulled for them (a locally built
 ``torchx-templates:cpu`` would otherwise be looked up on Docker Hub first). It works against
 Docker and against podman's Docker-compatible API (``podman system service``; point
 ``DOCKER_HOST`` at its socket), whose extra container states (e.g. ``stopped``) it reads as
-Docker's.
+Docker's. ``torchx status`` reports the job's real restart count (TorchX 0.7.0 leaves it at -1).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from torchx.schedulers import docker_scheduler
-from torchx.schedulers.api import AppDryRunInfo
+from torchx.schedulers.api import AppDryRunInfo, DescribeAppResponse
 from torchx.specs import AppDef, AppState, Role
 
 from components.containers import reference_error
@@ -36,9 +37,18 @@ PODMAN_STATES = {"configured": "created", "initialized": "created", "stopping": 
                  "stopped": "exited"}
 
 
+def restart_count(containers: Iterable[Mapping[str, Any]]) -> int:
+    """How often a job was restarted, from its containers' inspect attributes: the most any
+    replica's container was restarted by its restart policy (``RestartCount``, which Docker and
+    podman keep; TorchX's ``--max_retries`` sets ``on-failure`` with that many retries). Each
+    replica restarts on its own, so this is the number of attempts the job needed, less one; 0
+    when no container restarted."""
+    return max((int(attrs.get("RestartCount") or 0) for attrs in containers), default=0)
+
+
 class DockerScheduler(StrictRunOptions, docker_scheduler.DockerScheduler):
-    """TorchX's ``local_docker`` with the image checks described in the module docstring, and
-    podman's extra container states understood."""
+    """TorchX's ``local_docker`` with the image checks described in the module docstring,
+    podman's extra container states understood and restarts counted."""
 
     registered_as = "local_docker"
 
@@ -101,6 +111,15 @@ class DockerScheduler(StrictRunOptions, docker_scheduler.DockerScheduler):
             else:
                 container.attrs["State"] = PODMAN_STATES[status]
         return super()._get_app_state(container)
+
+
+    def describe(self, app_id: str) -> DescribeAppResponse | None:
+        """TorchX's description of the job, with ``num_restarts`` from :func:`restart_count`
+        of its containers (TorchX 0.7.0 leaves the default, -1)."""
+        response = super().describe(app_id)
+        if response is not None:
+            response.num_restarts = restart_count(c.attrs for c in self._get_containers(app_id))
+        return response
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> DockerScheduler:
