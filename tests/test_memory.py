@@ -53,7 +53,7 @@ def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tiny", "small", "llama-tiny"])
+@pytest.mark.parametrize("name", ["small", "llama-tiny"])
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])
 def test_two_rank_steps_match_the_formulas(name, strategy):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
