@@ -151,6 +151,10 @@ BAD_OPTIONS = [
     ("qos=urgent", "ddp", "1x2",
      f"slurm: qos=urgent is not allowed for user {slurm_user()}; "
      "pass -cfg qos=<one of low, normal>"),
+    ("constraint=nosuchfeature", "ddp", "1x2",  # refused by sbatch itself
+     "slurm: sbatch refused the job (sbatch: error: Batch job submission failed: Invalid "
+     "feature specification); change what it names (torchx runopts slurm lists the options; "
+     "-j, --gpu and --memMB size each node)"),
 ]
 BAD_OPTIONS_ANYWHERE = [
     ("time=1h", "ddp", "1x2",
@@ -173,7 +177,7 @@ def _refused(tmp_path: Path, cfg: str, component: str, j: str, message: str) -> 
     assert message in proc.stderr.splitlines(), proc.stderr
     assert "Traceback" not in proc.stderr and "slurm://" not in proc.stdout
     assert not (tmp_path / ".torchxslurmjobdirs").exists()
-    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+    assert not (tmp_path / "jobs").exists()  # not even the parent of the job's directory
 
 
 @pytest.mark.parametrize("cfg, component, j, message", BAD_OPTIONS)

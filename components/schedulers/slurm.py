@@ -312,7 +312,7 @@ class ExtendedSlurmScheduler(SlurmScheduler):
         workspace = getattr(req, "workspace", None)
         with tempfile.TemporaryDirectory() as scratch:
             if job_dir is not None:
-                _make_job_dir(job_dir, str(option))
+                existed = _make_job_dir(job_dir, str(option))
                 req.cmd += [f"--chdir={job_dir}"]
             try:
                 if job_dir is not None and workspace is not None:
@@ -330,7 +330,7 @@ class ExtendedSlurmScheduler(SlurmScheduler):
                         "--memMB size each node)")
             except BaseException:
                 if job_dir is not None:
-                    shutil.rmtree(job_dir, ignore_errors=True)
+                    _remove_job_dir(job_dir, existed)
                 raise
         if proc.stderr.strip():  # sbatch's warnings
             print(proc.stderr.strip(), file=sys.stderr)
@@ -517,14 +517,28 @@ def _unwritable(job_dir: str, parent: str, strerror: str) -> str:
             "pass -cfg job_dir=<a directory you can write>")
 
 
-def _make_job_dir(path: str, option: str) -> None:
-    """Create the job's new directory (and its parents); ``option`` is the ``job_dir`` the user
-    passed, for the one-line error."""
-    parent = _existing_ancestor(path)
+def _make_job_dir(path: str, option: str) -> str:
+    """Create the job's new directory and its missing parents; return the directory that
+    existed before. ``option`` is the ``job_dir`` the user passed, for the one-line error."""
+    existed = _existing_ancestor(path)
     try:
         os.makedirs(path)
     except OSError as err:
-        raise ComponentArgumentError(_unwritable(option, parent, err.strerror)) from None
+        raise ComponentArgumentError(_unwritable(option, existed, err.strerror)) from None
+    return existed
+
+
+def _remove_job_dir(path: str, existed: str) -> None:
+    """Undo :func:`_make_job_dir`: remove the job's directory, then its parents below
+    ``existed`` while they are empty (another job may have put its own there since)."""
+    shutil.rmtree(path, ignore_errors=True)
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent != existed and parent.startswith(existed.rstrip("/") + "/"):
+        try:
+            os.rmdir(parent)
+        except OSError:
+            break
+        parent = os.path.dirname(parent)
 
 
 def snapshot_workspace(workspace: str, target: str, skip: Iterable[str] = ()) -> None:
