@@ -153,8 +153,8 @@ BAD_OPTIONS = [
      "pass -cfg qos=<one of low, normal>"),
     ("constraint=nosuchfeature", "ddp", "1x2",  # refused by sbatch itself
      "slurm: sbatch refused the job (sbatch: error: Batch job submission failed: Invalid "
-     "feature specification); change what it names (torchx runopts slurm lists the options; "
-     "-j, --gpu and --memMB size each node)"),
+     "feature specification); use -cfg options and -j/--gpu/--memMB sizes this cluster "
+     "accepts (torchx runopts slurm lists the options, sinfo -N -l the nodes)"),
 ]
 BAD_OPTIONS_ANYWHERE = [
     ("time=1h", "ddp", "1x2",

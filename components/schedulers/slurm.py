@@ -325,9 +325,9 @@ class ExtendedSlurmScheduler(SlurmScheduler):
                 if proc.returncode != 0:
                     said = (proc.stderr.strip() or proc.stdout.strip() or "no output")
                     raise ComponentArgumentError(
-                        f"slurm: sbatch refused the job ({said.splitlines()[-1]}); change what "
-                        "it names (torchx runopts slurm lists the options; -j, --gpu and "
-                        "--memMB size each node)")
+                        f"slurm: sbatch refused the job ({said.splitlines()[-1]}); use -cfg "
+                        "options and -j/--gpu/--memMB sizes this cluster accepts (torchx "
+                        "runopts slurm lists the options, sinfo -N -l the nodes)")
             except BaseException:
                 if job_dir is not None:
                     _remove_job_dir(job_dir, existed)
