@@ -135,7 +135,8 @@ def slurm_cluster() -> None:
     nodes = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T"],
                            capture_output=True, text=True)
     up = [line for line in nodes.stdout.splitlines()
-          if line.split()[-1].rstrip("*") in {"idle", "mixed", "allocated"}]
+          if line.split()[-1].rstrip("*") in {"idle", "mixed", "allocated", "completing",
+                                              "planned"}]
     if nodes.returncode != 0 or len(up) < 2:
         pytest.skip(f"the Slurm cluster is not up ({nodes.stderr.strip() or nodes.stdout!r}): "
                     "run `sudo .ci/slurm-up`")
