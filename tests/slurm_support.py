@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,39 @@ def status(cwd: Path, handle: str) -> str:
     return torchx("status", handle, cwd=cwd).stdout
 
 
+def restart_waits(handle: str) -> list[float]:
+    """Seconds from the end of each attempt of a requeued job to the start of the next, from
+    ``sacct --duplicates`` (one second resolution; the first component of a heterogeneous
+    job)."""
+    app_id = handle.rsplit("/", 1)[-1]
+    proc = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", app_id, "-o", "JobID,Start,End"],
+                          capture_output=True, text=True, check=True)
+    attempts = [line.split("|")[1:] for line in proc.stdout.splitlines()
+                if line.split("|")[0] in (app_id, f"{app_id}+0")]
+    stamp = "%Y-%m-%dT%H:%M:%S"
+    return [(datetime.strptime(start, stamp) - datetime.strptime(end, stamp)).total_seconds()
+            for (_, end), (start, _) in zip(attempts, attempts[1:], strict=False)]
+
+
+ATTEMPT = re.compile(r"^==== torchx: job (\d+) attempt (\d+) started \S+ ====$")
+
+
+def attempts_of(log: str) -> dict[int, list[str]]:
+    """A replica's log (what ``torchx log APP/ROLE/0`` prints, or the file) split at the
+    attempt lines that the job script writes: {attempt: its lines}."""
+    attempts: dict[int, list[str]] = {}
+    current = 0
+    for line in log.splitlines():
+        line = re.sub(r"^\S+/\d+ ", "", re.sub(r"\x1b\[[0-9;]*m", "", line))  # torchx's prefix
+        match = ATTEMPT.match(line)
+        if match:
+            current = int(match.group(2))
+            attempts[current] = []
+        else:
+            attempts.setdefault(current, []).append(line)
+    return attempts
+
+
 def queued_jobs_from(directory: Path) -> list[str]:
     """``squeue``'s "ID WORKDIR" lines of the jobs submitted from, or run in, ``directory``
     (jobs of other users and directories on a shared cluster are left out)."""
@@ -101,7 +135,8 @@ def slurm_cluster() -> None:
     nodes = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T"],
                            capture_output=True, text=True)
     up = [line for line in nodes.stdout.splitlines()
-          if line.split()[-1].rstrip("*") in {"idle", "mixed", "allocated"}]
+          if line.split()[-1].rstrip("*") in {"idle", "mixed", "allocated", "completing",
+                                              "planned"}]
     if nodes.returncode != 0 or len(up) < 2:
         pytest.skip(f"the Slurm cluster is not up ({nodes.stderr.strip() or nodes.stdout!r}): "
                     "run `sudo .ci/slurm-up`")

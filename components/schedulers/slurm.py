@@ -13,32 +13,60 @@ What it adds to torchx 0.7.0's :class:`~torchx.schedulers.slurm_scheduler.SlurmS
   directory can be written, the account and QoS are the user's. Each failure is one line
   that names the fix (:class:`components.launch.ComponentArgumentError`).
 * ``describe``/``list`` read ``sacct --json`` and normalise Slurm's states, so a cancelled job
-  reports CANCELLED (0.7.0 crashes on ``CANCELLED by 0``).
+  reports CANCELLED (0.7.0 crashes on ``CANCELLED by 0``); a job accounting does not know yet
+  (the first second or so after ``sbatch``) is read from ``squeue``, so it reports PENDING.
+* The workspace snapshot is made by :meth:`schedule`, so ``torchx run --dryrun`` writes nothing;
+  it never copies the jobs' own parent directory.
+* Every attempt of a requeued job appends to the same logs (srun and sbatch
+  ``--open-mode=append``) after a line ``==== torchx: job <id> attempt <n> ... ====``.
+* ``torchx log`` reads stdout by default, where the trainers write (``--streams stderr`` for
+  stderr; ``combined`` gives stdout, then stderr).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
+import posixpath
 import re
 import secrets
+import shlex
 import shutil
+import stat
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
-from torchx.schedulers.api import AppDryRunInfo, DescribeAppResponse, ListAppResponse
+import fsspec
+from torchx.schedulers.api import (
+    AppDryRunInfo,
+    DescribeAppResponse,
+    ListAppResponse,
+    Stream,
+    filter_regex,
+    split_lines_iterator,
+)
+from torchx.schedulers.local_scheduler import LogIterator
 from torchx.schedulers.slurm_scheduler import (
     SLURM_STATES,
     SlurmBatchRequest,
     SlurmScheduler,
+    _get_job_dirs,
+    _save_job_dir,
 )
 from torchx.specs import AppDef, AppState, CfgVal, ReplicaStatus, Role, RoleStatus, runopts
+from torchx.workspace.api import walk_workspace
 
 from components.errors import ComponentArgumentError
 from components.schedulers.run_options import StrictRunOptions
+
+_log = logging.getLogger(__name__)
 
 # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds.
@@ -49,6 +77,13 @@ _UNLIMITED = {"UNLIMITED", "INFINITE"}
 # Components with more than one state are reported by the first state of this list they have.
 _STATE_PRECEDENCE = [AppState.FAILED, AppState.CANCELLED, AppState.RUNNING, AppState.PENDING,
                      AppState.SUCCEEDED]
+
+# States squeue shows that sacct (and so torchx's table) does not: a job whose nodes are still
+# booting, or whose processes are being cleaned up.
+_QUEUE_STATES = {"CONFIGURING": AppState.PENDING, "COMPLETING": AppState.RUNNING}
+
+# Role metadata key: the workspace that schedule() snapshots into the role's image (job dir).
+_SNAPSHOT_OF = "torchx_templates/slurm/snapshot_of"
 
 
 def time_limit_seconds(value: str) -> float:
@@ -71,7 +106,8 @@ def slurm_state(state: str | list[str]) -> AppState:
     JSON) is read by its first entry; an unknown state is UNKNOWN rather than a crash."""
     if isinstance(state, list):
         state = state[0] if state else ""
-    return SLURM_STATES.get(state.split(" ", 1)[0].strip(), AppState.UNKNOWN)
+    name = state.split(" ", 1)[0].strip()
+    return SLURM_STATES.get(name) or _QUEUE_STATES.get(name, AppState.UNKNOWN)
 
 
 def _number(value: Any) -> Any:
@@ -164,17 +200,13 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
 
     @staticmethod
     def _check_writable(job_dir: str) -> None:
-        """Probe the nearest existing ancestor of ``job_dir`` with a scratch directory (root
-        passes ``os.access`` even where the file system refuses, e.g. under /proc)."""
-        parent = os.path.abspath(job_dir)
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        try:
-            os.rmdir(tempfile.mkdtemp(prefix=".torchx-probe-", dir=parent))
-        except OSError as err:
-            raise ComponentArgumentError(
-                f"slurm: job_dir={job_dir} cannot be written ({parent}: {err.strerror}); "
-                "pass -cfg job_dir=<a directory you can write>") from None
+        """Refuse a ``job_dir`` whose nearest existing ancestor we may not write, without writing
+        anything (a dry run writes nothing). Root passes this check everywhere; creating the
+        job's directory in :meth:`schedule` is the check that counts."""
+        parent = _existing_ancestor(job_dir)
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+            strerror = "Not a directory" if not os.path.isdir(parent) else "Permission denied"
+            raise ComponentArgumentError(_unwritable(job_dir, parent, strerror))
 
     @staticmethod
     def _check_partition(partitions: dict[str, dict[str, str]], name: CfgVal, nodes: int,
@@ -235,28 +267,34 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
 
     def build_workspace_and_update_role(self, role: Role, workspace: str,
                                         cfg: Mapping[str, CfgVal]) -> None:
-        """Snapshot the workspace into a new directory under ``job_dir`` (``role.image``
-        carries its path to :meth:`_submit_dryrun`, as in TorchX's DirWorkspaceMixin)."""
+        """Name a new directory under ``job_dir`` for the job and note the workspace to snapshot
+        into it; nothing is written here, because TorchX calls this for ``--dryrun`` too.
+        :meth:`schedule` makes the snapshot (``role.image`` carries the directory's path, as in
+        TorchX's DirWorkspaceMixin)."""
         if cfg.get("job_dir") is None:
             return
         self._preflight(cfg, role.num_replicas)
-        job_dir = self._new_job_dir(str(cfg["job_dir"]), role.name)
-        os.makedirs(os.path.dirname(job_dir), exist_ok=True)
-        super().build_workspace_and_update_role(role, workspace, {**cfg, "job_dir": job_dir})
+        role.image = self._new_job_dir(str(cfg["job_dir"]), role.name)
+        role.metadata[_SNAPSHOT_OF] = workspace
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]
                        ) -> AppDryRunInfo[SlurmBatchRequest]:
         parent = cfg.get("job_dir")
-        image = app.roles[0].image
-        snapshot = (parent is not None and os.path.dirname(image) == os.path.abspath(parent)
-                    and os.path.isdir(image))
-        if not snapshot:  # a workspace snapshot ran the pre-flight before it was made
+        workspace = app.roles[0].metadata.get(_SNAPSHOT_OF)
+        if workspace is None:  # with a workspace, the pre-flight ran before it was noted
             self._preflight(cfg, sum(role.num_replicas for role in app.roles))
         if parent is not None:
-            cfg = {**cfg, "job_dir": image if snapshot
+            cfg = {**cfg, "job_dir": app.roles[0].image if workspace is not None
                    else self._new_job_dir(parent, app.roles[0].name)}
         info = super()._submit_dryrun(app, cfg)  # type: ignore[arg-type]
-        for replica in info.request.replicas.values():
+        request = JobRequest(**{f.name: getattr(info.request, f.name)
+                                for f in dataclasses.fields(SlurmBatchRequest)},
+                             workspace=workspace, jobs_parent=parent)
+        # A requeued job appends to the logs of its earlier attempts instead of truncating
+        # them: the batch script's own log and (srun) every replica's.
+        request.cmd.append("--open-mode=append")
+        for replica in request.replicas.values():
+            replica.srun_opts["open-mode"] = "append"
             for key in ("account", "qos"):
                 if cfg.get(key):
                     replica.sbatch_opts[key] = str(cfg[key])
@@ -266,13 +304,64 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
                 replica.srun_opts["container-image"] = str(cfg["container_image"])
                 if cfg.get("container_mounts"):
                     replica.srun_opts["container-mounts"] = str(cfg["container_mounts"])
-        return info
+        return AppDryRunInfo(request, repr)
 
     def schedule(self, dryrun_info: AppDryRunInfo[SlurmBatchRequest]) -> str:
-        """Create the job's directory (when no workspace snapshot made it), then sbatch."""
-        if dryrun_info.request.job_dir is not None:
-            os.makedirs(dryrun_info.request.job_dir, exist_ok=True)
-        return super().schedule(dryrun_info)
+        """Make the job's directory (with the workspace snapshot, if any), write the sbatch
+        script into it and submit; a refused job leaves no directory behind."""
+        req = dryrun_info.request
+        job_dir = req.job_dir
+        option = getattr(req, "jobs_parent", None) or job_dir
+        workspace = getattr(req, "workspace", None)
+        with tempfile.TemporaryDirectory() as scratch:
+            if job_dir is not None:
+                existed = _make_job_dir(job_dir, str(option))
+                req.cmd += [f"--chdir={job_dir}"]
+            try:
+                if job_dir is not None and workspace is not None:
+                    snapshot_workspace(workspace, job_dir, skip=[str(option), job_dir])
+                path = os.path.join(job_dir or scratch, "torchx-sbatch.sh")
+                req.cmd += [path]
+                with open(path, "w") as f:
+                    f.write(req.materialize())
+                proc = subprocess.run(req.cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    said = (proc.stderr.strip() or proc.stdout.strip() or "no output")
+                    raise ComponentArgumentError(
+                        f"slurm: sbatch refused the job ({said.splitlines()[-1]}); use -cfg "
+                        "options and -j/--gpu/--memMB sizes this cluster accepts (torchx "
+                        "runopts slurm lists the options, sinfo -N -l the nodes)")
+            except BaseException:
+                if job_dir is not None:
+                    _remove_job_dir(job_dir, existed)
+                raise
+        if proc.stderr.strip():  # sbatch's warnings
+            print(proc.stderr.strip(), file=sys.stderr)
+        job_id = proc.stdout.strip().split(";", 1)[0]
+        if job_dir is not None:
+            _save_job_dir(job_id, job_dir)
+        return job_id
+
+    def log_iter(self, app_id: str, role_name: str, k: int = 0, regex: str | None = None,
+                 since: datetime | None = None, until: datetime | None = None,
+                 should_tail: bool = False, streams: Stream | None = None) -> Iterable[str]:
+        """The replica's log: stdout unless ``streams`` says otherwise (TorchX's Slurm scheduler
+        defaults to stderr, where the trainers write nothing); ``combined`` is stdout, then
+        stderr (Slurm keeps them in two files)."""
+        if streams is None:
+            _log.info("slurm: showing stdout, where the trainers write; errors and tracebacks "
+                      "are in stderr: --streams stderr")
+        if streams == Stream.COMBINED:
+            names = ["out", "err"]
+        else:
+            names = ["err" if streams == Stream.STDERR else "out"]
+        job_dirs = _get_job_dirs()
+        paths = [os.path.join(job_dirs.get(app_id, ""), f"slurm-{app_id}-{role_name}-{k}.{ext}")
+                 for ext in names]
+        lines: Iterable[str] = _log_lines(app_id, paths, self, should_tail,
+                                          app_id in job_dirs)
+        lines = split_lines_iterator(lines)
+        return filter_regex(regex, lines) if regex else lines
 
     # -- state ----------------------------------------------------------------------------
 
@@ -282,13 +371,21 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
                               check=True)
         return json.loads(proc.stdout)["jobs"]
 
+    @staticmethod
+    def _squeue(app_id: str) -> str:
+        """``squeue``'s ``ID|NAME|STATE|NODES`` lines for the job (one per heterogeneous
+        component); empty once the controller has forgotten it (or never knew it)."""
+        proc = subprocess.run(["squeue", "-h", "-j", app_id, "-o", "%i|%j|%T|%N"],
+                              capture_output=True, text=True)
+        return proc.stdout if proc.returncode == 0 else ""
+
     def describe(self, app_id: str) -> DescribeAppResponse | None:
         """The job's state from ``sacct --json``: one replica per heterogeneous component
         (named ``<role>-<replica id>``), each at its latest attempt; ``num_restarts`` counts
         requeues."""
         apps = _group_attempts(self._sacct_jobs("-j", app_id))
-        if app_id not in apps:
-            return None
+        if app_id not in apps:  # accounting may not know a job submitted a moment ago
+            return _describe_queued(app_id, self._squeue(app_id))
         attempts = apps[app_id]
         latest = _latest(attempts)
         roles: dict[str, Role] = {}
@@ -313,6 +410,35 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
         apps = _group_attempts(self._sacct_jobs("-S1970-01-01-00:00:01"))
         return [ListAppResponse(app_id=app_id, state=_app_state(_latest(attempts)))
                 for app_id, attempts in apps.items()]
+
+
+def _describe_queued(app_id: str, squeue: str) -> DescribeAppResponse | None:
+    """The job as ``squeue -o '%i|%j|%T|%N'`` shows it (``squeue`` text: ``1234+0|ddp-0|PENDING|``
+    per heterogeneous component, ``1234|ddp-0|...`` for a job of one); None if it is not there."""
+    roles: dict[str, Role] = {}
+    statuses: dict[str, RoleStatus] = {}
+    states, parts = set(), []
+    for line in squeue.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 4 or fields[0].split("+", 1)[0] != app_id:
+            continue
+        _, name, slurm, nodes = fields
+        state = slurm_state(slurm)
+        states.add(state)
+        parts.append(f"{name}: {slurm}")
+        role_name, _, replica = name.rpartition("-")
+        if not role_name or not replica.isdigit():
+            continue
+        role = roles.setdefault(role_name, Role(name=role_name, image="", num_replicas=0))
+        role.num_replicas += 1
+        statuses.setdefault(role_name, RoleStatus(role_name, [])).replicas.append(
+            ReplicaStatus(id=int(replica), role=role_name, state=state, hostname=nodes))
+    if not parts:
+        return None
+    return DescribeAppResponse(
+        app_id=app_id, state=next((s for s in _STATE_PRECEDENCE if s in states), AppState.UNKNOWN),
+        msg="; ".join(parts) + " (from squeue: not in accounting yet)",
+        roles=list(roles.values()), roles_statuses=list(statuses.values()))
 
 
 def _group_attempts(jobs: Iterable[dict[str, Any]]) -> dict[str, dict[int, list[dict[str, Any]]]]:
@@ -348,6 +474,117 @@ def _describe_msg(components: Iterable[dict[str, Any]]) -> str:
         code = _number(job.get("exit_code", {}).get("return_code"))
         parts.append(f"{job['name']}: {state}" + (f" (exit {code})" if code else ""))
     return "; ".join(parts)
+
+
+@dataclasses.dataclass(repr=False)
+class JobRequest(SlurmBatchRequest):
+    """TorchX's sbatch request plus what :meth:`ExtendedSlurmScheduler.schedule` does first:
+    snapshot ``workspace`` into ``job_dir`` (leaving out ``jobs_parent``, the ``job_dir``
+    option, when it lies inside the workspace). Its script writes a line
+    ``==== torchx: job <id> attempt <n> started <UTC time> ====`` into every replica's logs
+    before each attempt, so the attempts of a requeued job stay apart in the appended logs."""
+
+    workspace: str | None = None
+    jobs_parent: str | None = None
+
+    def materialize(self) -> str:
+        script = super().materialize()
+        logs = " ".join(f'"slurm-$SLURM_JOB_ID-"{shlex.quote(f"{name}.{ext}")}'
+                        for name in self.replicas for ext in ("out", "err"))
+        separator = ('attempt="==== torchx: job $SLURM_JOB_ID attempt '
+                     '$((${SLURM_RESTART_COUNT:-0} + 1)) started '
+                     '$(date -u +%Y-%m-%dT%H:%M:%SZ) ===="\n'
+                     f'for log in {logs}; do echo "$attempt" >>"$log"; done\n')
+        anchor = "\nset +e\nsrun "
+        if anchor not in script:  # a TorchX other than 0.7.0 wrote another script
+            raise RuntimeError(f"slurm: no {anchor!r} in TorchX's sbatch script:\n{script}")
+        return script.replace(anchor, "\n" + separator + anchor, 1)
+
+    def __repr__(self) -> str:
+        text = super().__repr__()
+        if self.workspace is not None:
+            text += (f"\n# At submission: {self.job_dir} is made with a snapshot of "
+                     f"{self.workspace} (minus .torchxignore)\n")
+        return text
+
+
+def _existing_ancestor(path: str) -> str:
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    return parent
+
+
+def _unwritable(job_dir: str, parent: str, strerror: str) -> str:
+    return (f"slurm: job_dir={job_dir} cannot be written ({parent}: {strerror}); "
+            "pass -cfg job_dir=<a directory you can write>")
+
+
+def _make_job_dir(path: str, option: str) -> str:
+    """Create the job's new directory and its missing parents; return the directory that
+    existed before. ``option`` is the ``job_dir`` the user passed, for the one-line error."""
+    existed = _existing_ancestor(path)
+    try:
+        os.makedirs(path)
+    except OSError as err:
+        raise ComponentArgumentError(_unwritable(option, existed, err.strerror)) from None
+    return existed
+
+
+def _remove_job_dir(path: str, existed: str) -> None:
+    """Undo :func:`_make_job_dir`: remove the job's directory, then its parents below
+    ``existed`` while they are empty (another job may have put its own there since)."""
+    shutil.rmtree(path, ignore_errors=True)
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent != existed and parent.startswith(existed.rstrip("/") + "/"):
+        try:
+            os.rmdir(parent)
+        except OSError:
+            break
+        parent = os.path.dirname(parent)
+
+
+def snapshot_workspace(workspace: str, target: str, skip: Iterable[str] = ()) -> None:
+    """Copy ``workspace`` (a path or fsspec URL) into the existing directory ``target``, minus
+    what its ``.torchxignore`` lists and minus the ``skip`` directories (local paths: the jobs'
+    parent, so a ``job_dir`` inside the workspace never copies the earlier jobs). File modes
+    are kept (scripts stay executable)."""
+    fs, root = fsspec.core.url_to_fs(workspace)
+    skipped = [os.path.abspath(d).rstrip("/") + "/" for d in skip]
+    for dirpath, _, files in walk_workspace(fs, root):
+        rel = posixpath.relpath(dirpath, root)
+        for name, info in files.items():
+            src = info["name"]
+            if any((src + "/").startswith(d) for d in skipped):
+                continue
+            dest = os.path.join(target, name if rel == "." else os.path.join(rel, name))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with fs.open(src, "rb") as fin, open(dest, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+            if isinstance(info.get("mode"), int):
+                os.chmod(dest, stat.S_IMODE(info["mode"]))
+
+
+def _log_lines(app_id: str, paths: list[str], scheduler: SlurmScheduler, should_tail: bool,
+               known_dir: bool) -> Iterator[str]:
+    """The files' lines one after the other (TorchX's LogIterator on each); a file the job never
+    wrote is one line naming why."""
+    for path in paths:
+        try:
+            yield from LogIterator(app_id, path, scheduler, should_tail=should_tail)
+        except RuntimeError as err:
+            if "finished without writing" not in str(err):
+                raise
+            if known_dir:
+                batch_log = os.path.join(os.path.dirname(path), f"slurm-{app_id}.out")
+                raise ComponentArgumentError(
+                    f"slurm: job {app_id} wrote no {path}: it ended before that replica started;"
+                    f" torchx status gives its state and {batch_log} its batch script's "
+                    "log") from None
+            raise ComponentArgumentError(
+                f"slurm: no {path} in {os.getcwd()} and job {app_id} is not in its "
+                ".torchxslurmjobdirs; run torchx log from the directory you submitted the job "
+                "from") from None
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> ExtendedSlurmScheduler:
