@@ -75,8 +75,10 @@ def test_missing_and_empty_data_files(tmp_path):
 def test_output_dir_that_cannot_be_written(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(ConfigError, match="is not a directory"):
+    with pytest.raises(ConfigError, match=r"cannot be written \(not a directory\)"):
         parse_config(["--output-dir", str(blocker / "run")], "ddp", world_sizes=[1])
+    with pytest.raises(ConfigError, match=r"/proc cannot be written \(a proc file system\)"):
+        parse_config(["--output-dir", "/proc/run"], "ddp", world_sizes=[1])
 
 
 def test_resume_from_a_directory_without_checkpoints(tmp_path):

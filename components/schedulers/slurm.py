@@ -41,6 +41,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -65,6 +66,7 @@ from torchx.workspace.api import walk_workspace
 
 from components.errors import ComponentArgumentError
 from components.schedulers.run_options import StrictRunOptions
+from trainers.spec.paths import existing_ancestor, unwritable_reason
 
 _log = logging.getLogger(__name__)
 
@@ -200,13 +202,11 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
 
     @staticmethod
     def _check_writable(job_dir: str) -> None:
-        """Refuse a ``job_dir`` whose nearest existing ancestor we may not write, without writing
-        anything (a dry run writes nothing). Root passes this check everywhere; creating the
-        job's directory in :meth:`schedule` is the check that counts."""
-        parent = _existing_ancestor(job_dir)
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-            strerror = "Not a directory" if not os.path.isdir(parent) else "Permission denied"
-            raise ComponentArgumentError(_unwritable(job_dir, parent, strerror))
+        """Refuse a ``job_dir`` that cannot be created and written, without writing anything
+        (a dry run writes nothing): :func:`trainers.spec.paths.unwritable_reason`."""
+        reason = unwritable_reason(Path(job_dir))
+        if reason is not None:
+            raise ComponentArgumentError(_unwritable(job_dir, str(reason[0]), reason[1]))
 
     @staticmethod
     def _check_partition(partitions: dict[str, dict[str, str]], name: CfgVal, nodes: int,
@@ -508,13 +508,6 @@ class JobRequest(SlurmBatchRequest):
         return text
 
 
-def _existing_ancestor(path: str) -> str:
-    parent = os.path.abspath(path)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    return parent
-
-
 def _unwritable(job_dir: str, parent: str, strerror: str) -> str:
     return (f"slurm: job_dir={job_dir} cannot be written ({parent}: {strerror}); "
             "pass -cfg job_dir=<a directory you can write>")
@@ -523,7 +516,7 @@ def _unwritable(job_dir: str, parent: str, strerror: str) -> str:
 def _make_job_dir(path: str, option: str) -> str:
     """Create the job's new directory and its missing parents; return the directory that
     existed before. ``option`` is the ``job_dir`` the user passed, for the one-line error."""
-    existed = _existing_ancestor(path)
+    existed = str(existing_ancestor(Path(path)))
     try:
         os.makedirs(path)
     except OSError as err:

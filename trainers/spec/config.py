@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import os
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from trainers.spec.checkpoint_files import check_format, find_checkpoints, saved
 from trainers.spec.data_source import check_data, check_data_options
 from trainers.spec.errors import ConfigError, MissingPathError
 from trainers.spec.models import MODEL_HELP, model_shape
+from trainers.spec.paths import unwritable_reason
 from trainers.spec.registry import SCHEDULE_STAGES, serving, trainer
 from trainers.spec.shapes import MODEL_SIZES, ModelConfig
 from trainers.spec.token_file import TOKEN_DTYPES
@@ -308,21 +308,13 @@ def _check_paths(cfg: TrainConfig, shape: ModelConfig) -> None:
 
 
 def _check_writable(path: Path) -> None:
-    """Raise ConfigError unless ``path`` is, or can be created as, a writable directory.
-
-    The nearest existing ancestor is probed with a scratch directory: ``os.access`` says yes to
-    root even where the file system refuses every write (e.g. under /proc).
-    """
-    probe = path.absolute()
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(f"--output-dir {path}: {probe} is not a directory; pass another path")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".trainers-probe-", dir=probe))
-    except OSError as err:
-        raise ConfigError(f"--output-dir {path}: {probe} cannot be written ({err.strerror}); "
-                          "pass a writable path") from None
+    """Raise ConfigError unless ``path`` is, or can be created as, a writable directory
+    (decided without writing: :func:`trainers.spec.paths.unwritable_reason`)."""
+    reason = unwritable_reason(path)
+    if reason is not None:
+        where, why = reason
+        raise ConfigError(f"--output-dir {path}: {where} cannot be written ({why}); pass a "
+                          "writable path")
 
 
 def parse_config(argv: Sequence[str] | None, name: str,
