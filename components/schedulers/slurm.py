@@ -3,7 +3,8 @@
 What it adds to torchx 0.7.0's :class:`~torchx.schedulers.slurm_scheduler.SlurmScheduler`:
 
 * ``account``, ``qos`` and ``exclusive`` run options (sbatch ``--account``, ``--qos``,
-  ``--exclusive`` on every heterogeneous component), and pyxis/enroot ``container_image`` /
+  ``--exclusive`` on every heterogeneous component; TorchX main has its own ``account`` and
+  ``qos``, which this scheduler then uses), and pyxis/enroot ``container_image`` /
   ``container_mounts`` (srun ``--container-image`` / ``--container-mounts``).
 * ``job_dir`` names a parent directory: each job gets its own new directory under it (a
   snapshot of the workspace, the sbatch script, the logs and, by default, the run's outputs),
@@ -33,18 +34,21 @@ from torchx.schedulers.api import AppDryRunInfo, DescribeAppResponse, ListAppRes
 from torchx.schedulers.slurm_scheduler import (
     SLURM_STATES,
     SlurmBatchRequest,
-    SlurmScheduler,
 )
 from torchx.specs import AppDef, AppState, CfgVal, ReplicaStatus, Role, RoleStatus, runopts
 
 from components.errors import ComponentArgumentError
 from components.schedulers.run_options import StrictRunOptions
+from components.torchx_compat import SlurmSchedulerBase, replace_cfg
 
 # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds.
 _TIME = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
                    r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
 _UNLIMITED = {"UNLIMITED", "INFINITE"}
+# sbatch options this scheduler adds where TorchX's lacks them (0.7.0; TorchX main has both).
+_SBATCH_OPTS = {"account": "the account the job is charged to (sbatch --account)",
+                "qos": "the quality of service (sbatch --qos)"}
 
 # Components with more than one state are reported by the first state of this list they have.
 _STATE_PRECEDENCE = [AppState.FAILED, AppState.CANCELLED, AppState.RUNNING, AppState.PENDING,
@@ -116,7 +120,7 @@ def slurm_user() -> str:
     return os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
 
 
-class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
+class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
     """TorchX's slurm scheduler with accounts, QoS, per-job directories, a cluster pre-flight
     and cancelled-job states (see the module docstring)."""
 
@@ -124,10 +128,9 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
 
     def _run_opts(self) -> runopts:
         opts = super()._run_opts()
-        opts.add("account", type_=str, default=None,
-                 help="the account the job is charged to (sbatch --account)")
-        opts.add("qos", type_=str, default=None,
-                 help="the quality of service (sbatch --qos)")
+        for name, help_ in _SBATCH_OPTS.items():
+            if opts.get(name) is None:  # TorchX main has both, and renders them itself
+                opts.add(name, type_=str, default=None, help=help_)
         opts.add("exclusive", type_=bool, default=False,
                  help="take whole nodes, shared with no other job (sbatch --exclusive)")
         opts.add("container_image", type_=str, default=None,
@@ -253,11 +256,13 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
         if not snapshot:  # a workspace snapshot ran the pre-flight before it was made
             self._preflight(cfg, sum(role.num_replicas for role in app.roles))
         if parent is not None:
-            cfg = {**cfg, "job_dir": image if snapshot
-                   else self._new_job_dir(parent, app.roles[0].name)}
+            cfg = replace_cfg(cfg, job_dir=image if snapshot
+                              else self._new_job_dir(parent, app.roles[0].name))
         info = super()._submit_dryrun(app, cfg)  # type: ignore[arg-type]
+        native = super()._run_opts()
+        ours = [key for key in _SBATCH_OPTS if native.get(key) is None]  # TorchX main's renders
         for replica in info.request.replicas.values():
-            for key in ("account", "qos"):
+            for key in ours:
                 if cfg.get(key):
                     replica.sbatch_opts[key] = str(cfg[key])
             if cfg.get("exclusive"):
