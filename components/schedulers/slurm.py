@@ -313,8 +313,9 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
             num_restarts=max(len(jobs) for jobs in attempts.values()) - 1,
             roles=list(roles.values()), roles_statuses=list(statuses.values()))
 
-    def list(self) -> list[ListAppResponse]:
-        """Every job slurmdbd knows, one entry per job (not per heterogeneous component)."""
+    def list(self, cfg: Mapping[str, CfgVal] | None = None) -> list[ListAppResponse]:
+        """Every job slurmdbd knows, one entry per job (not per heterogeneous component);
+        ``cfg`` (which TorchX main passes, and 0.7.0 does not) is not needed."""
         apps = _group_attempts(self._sacct_jobs("-S1970-01-01-00:00:01"))
         return [ListAppResponse(app_id=app_id, state=_app_state(_latest(attempts)))
                 for app_id, attempts in apps.items()]
