@@ -69,6 +69,7 @@ def test_component_on_slurm(component_jobs, component, j):
 
 
 @pytest.mark.slow
+@pytest.mark.torchx_main
 def test_cancelled_job_reports_cancelled(slurm_cluster, tmp_path):
     """With the repository's .torchxconfig slurm profile (partition, time, job_dir)."""
     profile = {"TORCHXCONFIG": str(REPO / ".torchxconfig")}
@@ -87,6 +88,7 @@ def test_cancelled_job_reports_cancelled(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.torchx_main
 def test_failing_job_reports_failed_and_its_log_names_the_error(slurm_cluster, tmp_path):
     handle = submit(tmp_path, "ddp", "1x2", trainer_args("--data", str(tmp_path / "missing.bin")),
                     "--check_paths", "false")
