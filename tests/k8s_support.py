@@ -84,10 +84,9 @@ def manifests(directory: Path = K8S_DIR) -> list[tuple[Path, dict[str, Any]]]:
 
 def dryrun_args(component: str, j: str, trainer_args: tuple[str, ...], cfg: str = "",
                 path: Path | None = None) -> list[str]:
-    """``run --dryrun -s kubernetes`` arguments for a component (``path``: its file), rendered
-    without a cluster: TorchX main's ``validate_spec`` (which 0.7.0 ignores) is turned off."""
+    """``run --dryrun -s kubernetes`` arguments for a component (``path``: its file)."""
     args = ["run", "--dryrun", "-s", "kubernetes", "--workspace", ""]
-    args += ["-cfg", ",".join(filter(None, [cfg, "validate_spec=False"]))]
+    args += ["-cfg", cfg] if cfg else []
     where = path if path is not None else f"components/{component}.py"
     return [*args, f"{where}:{component}", "-j", j, "--", *trainer_args]
 

@@ -170,11 +170,9 @@ def test_local_docker_without_a_docker_api(tmp_path):
 
 
 def _render_kubernetes(*trainer_args: str) -> dict:
-    # validate_spec: TorchX main's server-side check (no cluster here; 0.7.0 ignores it)
-    proc = torchx_cli("run", "--dryrun", "-s", "kubernetes",
-                      "-cfg", "queue=default,validate_spec=False",
-                      "--workspace", "", "components/ddp.py:ddp", "-j", "2x1", "--image", IMAGE,
-                      *ONE_THREAD, "--", *trainer_args, timeout=120)
+    proc = torchx_cli("run", "--dryrun", "-s", "kubernetes", "-cfg", "queue=default",
+                   "--workspace", "", "components/ddp.py:ddp", "-j", "2x1", "--image", IMAGE,
+                   *ONE_THREAD, "--", *trainer_args, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return scheduler_request(proc.stdout)
 

@@ -115,8 +115,7 @@ def test_job_name_that_cannot_be_a_pod_hostname_is_refused():
     with pytest.raises(ComponentArgumentError, match=r"pod hostname 'a{40}-\w+-trainer-0-0' "
                        r"\(6[67] characters\)"):
         scheduler.submit_dryrun(specs.AppDef(name="a" * 40, roles=[role]), {"queue": "q"})
-    info = scheduler.submit_dryrun(specs.AppDef(name="a" * 20, roles=[role]),
-                                   {"queue": "q", "validate_spec": False})
+    info = scheduler.submit_dryrun(specs.AppDef(name="a" * 20, roles=[role]), {"queue": "q"})
     assert info.request.resource["metadata"]["name"].startswith("a" * 20 + "-")
 
 
@@ -135,8 +134,8 @@ class _DryRunApi:
 
 
 def test_validate_spec_asks_the_api_server_about_the_job_as_submitted(monkeypatch):
-    """TorchX main's validate_spec (on by default there) validates the hardened job, not
-    TorchX's render before it; failures are one line. Passed explicitly, 0.7.0 does the same."""
+    """validate_spec (TorchX main's option; off by default here, on both versions) validates
+    the hardened job, not TorchX's render before it; failures are one line."""
     from kubernetes.client.rest import ApiException
     from urllib3.exceptions import MaxRetryError
 
@@ -145,6 +144,7 @@ def test_validate_spec_asks_the_api_server_about_the_job_as_submitted(monkeypatc
     app = specs.AppDef(name="job", roles=[role])
     cfg = {"queue": "q", "namespace": "team-a", "validate_spec": True}
     scheduler = create_scheduler("test")
+    assert scheduler.run_opts().get("validate_spec").default is False  # dry runs need no cluster
     api = _DryRunApi()
     monkeypatch.setattr(scheduler, "_custom_objects_api", lambda: api)
     info = scheduler.submit_dryrun(app, cfg)

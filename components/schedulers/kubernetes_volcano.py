@@ -8,10 +8,10 @@ renders: every pod gets the hardened security context of :mod:`components.schedu
 Bad options raise :class:`components.launch.ComponentArgumentError` before anything is
 submitted; ``torchx run`` prints that one line and exits 1.
 
-TorchX main's ``validate_spec`` (on by default there; torchx 0.7.0 has no such option) asks
-the API server for a dry run of the job: this scheduler asks it about the job as submitted,
-after its pod changes, and says in one line when no API server answers
-(``-cfg validate_spec=False`` renders without a cluster).
+``validate_spec=True`` asks the API server for a dry run of the job: TorchX main's option,
+which this scheduler also offers on torchx 0.7.0 and turns off by default on both (TorchX main
+turns it on, so that ``torchx run --dryrun`` would need a cluster). The server is asked about
+the job as submitted, after the pod changes; a refusal or no answer is one line.
 """
 
 from __future__ import annotations
@@ -130,6 +130,11 @@ class KubernetesScheduler(StrictRunOptions, _TorchXKubernetes):
                  help="Volcano queue to schedule the job in (required), e.g. torchx-templates")
         for name, type_, default, help_ in _EXTRA_OPTS:
             opts.add(name, type_=type_, default=default, help=help_)
+        # TorchX main's option, on by default there (a --dryrun then needs a cluster); off here
+        # on both versions, so that a dry run renders without one, as README's commands do
+        opts.add("validate_spec", type_=bool, default=False,
+                 help="ask the API server for a dry run of the job (as submitted, with the pod "
+                      "options applied) before submitting it")
         return opts
 
     def build_workspace_and_update_role(self, role: Role, workspace: str,
