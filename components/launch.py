@@ -50,7 +50,7 @@ def check_launch_specs(h: str | None, mounts: list[str] | None) -> None:
     ``--mounts`` spec it cannot parse, where TorchX itself would end in a traceback."""
     if h is not None and h not in specs.named_resources:
         try:
-            specs.named_resources[h]
+            specs.resource(h=h)  # named_resources[h] warns on TorchX main (deprecated)
         except KeyError as err:
             raise ComponentArgumentError(f"-h {h}: {err.args[0]}") from None
     if mounts:
@@ -165,7 +165,7 @@ def trainer_app(
     if not any(a == "--output-dir" or a.startswith("--output-dir=") for a in args):
         args += ["--output-dir", f"outputs/{macros.app_id}"]
     world_sizes = [nodes * nproc for nodes in range(min_nodes, max_nodes + 1)]
-    resource = specs.named_resources[h] if h is not None else None
+    resource = specs.resource(h=h) if h is not None else None
     gpus = resource.gpu if resource is not None else gpu
     cpu, memMB = node_request(gpus, cpu, memMB)
     try:
