@@ -1,4 +1,5 @@
-"""What every component shares: validate the trainer's arguments, then build on ``dist.ddp``.
+"""What every component shares: validate the trainer's arguments, then build on ``dist.torchrun``
+(``dist.ddp`` on torchx 0.7.0; :mod:`components.torchx_compat`).
 
 Each component is one ``def`` (TorchX reads its signature and docstring) that passes its
 arguments to :func:`trainer_app` with the name of its trainer in the table of trainers
@@ -17,6 +18,7 @@ from torchx.components import dist
 from torchx.specs.api import macros
 
 from components.errors import ComponentArgumentError
+from components.torchx_compat import torchrun_app
 from trainers.spec import faults, registry
 from trainers.spec.config import parse_config
 from trainers.spec.errors import ConfigError, MissingPathError
@@ -48,7 +50,7 @@ def check_launch_specs(h: str | None, mounts: list[str] | None) -> None:
     ``--mounts`` spec it cannot parse, where TorchX itself would end in a traceback."""
     if h is not None and h not in specs.named_resources:
         try:
-            specs.named_resources[h]
+            specs.resource(h=h)  # named_resources[h] warns on TorchX main (deprecated)
         except KeyError as err:
             raise ComponentArgumentError(f"-h {h}: {err.args[0]}") from None
     if mounts:
@@ -79,7 +81,7 @@ def rendezvous_port(port: int, max_nodes: int) -> int:
     that concurrent multi-node jobs sharing a host (``local_cwd``, whose "nodes" are all this
     machine, or Slurm nodes shared between jobs) each host their own store instead of joining
     the first job's store on a fixed port and failing when it exits. A single-node job gets
-    ``port`` unchanged (``dist.ddp`` then rendezvouses on a free port of its own host).
+    ``port`` unchanged (``dist.torchrun`` then rendezvouses on a free port of its own host).
     """
     if not 0 <= port <= 65535:
         raise ComponentArgumentError(
@@ -142,7 +144,7 @@ def trainer_app(
     gpu_type: str | None,
 ) -> specs.AppDef:
     """The AppDef that runs trainer ``trainer`` (``python -m trainers.<trainer> <script_args>``)
-    under torchrun via dist.ddp.
+    under torchrun via dist.torchrun (dist.ddp on torchx 0.7.0).
 
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
@@ -163,7 +165,7 @@ def trainer_app(
     if not any(a == "--output-dir" or a.startswith("--output-dir=") for a in args):
         args += ["--output-dir", f"outputs/{macros.app_id}"]
     world_sizes = [nodes * nproc for nodes in range(min_nodes, max_nodes + 1)]
-    resource = specs.named_resources[h] if h is not None else None
+    resource = specs.resource(h=h) if h is not None else None
     gpus = resource.gpu if resource is not None else gpu
     cpu, memMB = node_request(gpus, cpu, memMB)
     try:
@@ -186,9 +188,9 @@ def trainer_app(
             "--check_paths False") from None
     except ConfigError as err:
         raise ComponentArgumentError(f"trainers.{trainer}: {err}") from None
-    app = dist.ddp(*args, m=entry.module, image=image, name=trainer, h=h,
-                   cpu=cpu, gpu=gpu, memMB=memMB, j=j, env=env, max_retries=max_retries,
-                   rdzv_port=rendezvous_port(rdzv_port, max_nodes), mounts=mounts)
+    app = torchrun_app(*args, m=entry.module, image=image, name=trainer, h=h,
+                       cpu=cpu, gpu=gpu, memMB=memMB, j=j, env=env, max_retries=max_retries,
+                       rdzv_port=rendezvous_port(rdzv_port, max_nodes), mounts=mounts)
     if max_retries:
         restart_in_place(app, max_retries)
     return app
@@ -224,9 +226,9 @@ def rank_memory(nproc: int, gpus: int, node_mb: int, device_memory_gb: float,
 
 def restart_in_place(app: specs.AppDef, max_restarts: int) -> None:
     """Let torchrun restart failed workers ``max_restarts`` times (``--max_restarts``, which
-    dist.ddp does not expose): its command is the ``bash -c`` script of every role."""
+    dist.torchrun does not expose): its command is the ``bash -c`` script of every role."""
     for role in app.roles:
         script = role.args[-1]
         if not script.startswith("torchrun "):
-            raise AssertionError(f"dist.ddp's command no longer starts with torchrun: {script}")
+            raise AssertionError(f"dist.torchrun's script no longer starts with torchrun: {script}")
         role.args[-1] = script.replace("torchrun ", f"torchrun --max_restarts {max_restarts} ", 1)

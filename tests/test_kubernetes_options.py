@@ -119,6 +119,52 @@ def test_job_name_that_cannot_be_a_pod_hostname_is_refused():
     assert info.request.resource["metadata"]["name"].startswith("a" * 20 + "-")
 
 
+class _DryRunApi:
+    """A CustomObjectsApi that records the job of each server-side dry run, or raises."""
+
+    def __init__(self, error: Exception | None = None):
+        self.bodies, self.error = [], error
+
+    def create_namespaced_custom_object(self, **kwargs):
+        assert kwargs["dry_run"] == "All" and kwargs["namespace"] == "team-a"
+        if self.error is not None:
+            raise self.error
+        self.bodies.append(kwargs["body"])
+        return kwargs["body"]
+
+
+def test_validate_spec_asks_the_api_server_about_the_job_as_submitted(monkeypatch):
+    """validate_spec (TorchX main's option; off by default here, on both versions) validates
+    the hardened job, not TorchX's render before it; failures are one line."""
+    from kubernetes.client.rest import ApiException
+    from urllib3.exceptions import MaxRetryError
+
+    role = specs.Role(name="trainer", image="i", entrypoint="python", num_replicas=2,
+                      resource=specs.Resource(cpu=1, gpu=0, memMB=2048))
+    app = specs.AppDef(name="job", roles=[role])
+    cfg = {"queue": "q", "namespace": "team-a", "validate_spec": True}
+    scheduler = create_scheduler("test")
+    assert scheduler.run_opts().get("validate_spec").default is False  # dry runs need no cluster
+    api = _DryRunApi()
+    monkeypatch.setattr(scheduler, "_custom_objects_api", lambda: api)
+    info = scheduler.submit_dryrun(app, cfg)
+    assert api.bodies == [info.request.resource]  # once, and the hardened job
+    pod = api.bodies[0]["spec"]["tasks"][0]["template"]
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    refused = ApiException(status=422, reason="Unprocessable Entity")
+    refused.body = '{"message": "queue q is closed"}'
+    for error, message in [(refused, r"^kubernetes: the API server refuses the job \(422: queue "
+                                     r"q is closed\); fix what it names, or pass -cfg "
+                                     r"validate_spec=False"),
+                           (MaxRetryError(None, "/"), r"^kubernetes: validate_spec: no Kubernetes "
+                                                      r"API server answers \(MaxRetryError\)")]:
+        monkeypatch.setattr(scheduler, "_custom_objects_api", lambda e=error: _DryRunApi(e))
+        with pytest.raises(ComponentArgumentError, match=message):
+            scheduler.submit_dryrun(app, cfg)
+    monkeypatch.setattr(scheduler, "_custom_objects_api", lambda: pytest.fail("asked the server"))
+    scheduler.submit_dryrun(app, {**cfg, "validate_spec": False})
+
+
 # (-cfg, component options, the error's start). Each runs the real CLI with no .torchxconfig.
 BAD_INPUT = [
     ("", [], "kubernetes: no Volcano queue given; pass -cfg queue="),

@@ -81,6 +81,7 @@ def test_component_on_slurm(component_jobs, component, j):
 
 
 @pytest.mark.slow
+@pytest.mark.torchx_main
 def test_cancelled_job_reports_cancelled(slurm_cluster, tmp_path):
     """With the repository's .torchxconfig slurm profile (partition, time, job_dir)."""
     profile = {"TORCHXCONFIG": str(REPO / ".torchxconfig")}
@@ -99,6 +100,7 @@ def test_cancelled_job_reports_cancelled(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.torchx_main
 def test_failing_job_reports_failed_and_its_log_names_the_error(slurm_cluster, tmp_path):
     handle = submit(tmp_path, "ddp", "1x2", trainer_args("--data", str(tmp_path / "missing.bin")),
                     "--check_paths", "false")
@@ -201,12 +203,16 @@ def test_sbatch_script_carries_account_qos_exclusive_and_container(slurm_cluster
                   str(REPO / "components" / "ddp.py") + ":ddp", "-j", "2x1", "--", *trainer_args(),
                   cwd=tmp_path)
     script = proc.stdout.split("=== SCHEDULER REQUEST ===", 1)[1]
+    sbatch = script.strip().splitlines()[0].split()  # sbatch ... $SBATCH_SCRIPT
     groups = [line for line in script.splitlines() if line.startswith("#SBATCH --job-name")]
     assert len(groups) == 2  # one heterogeneous component per node
     for group in groups:
-        for flag in ("--account=research", "--qos=low", "--exclusive", "--partition=debug",
-                     "--time=1:00:00", "--requeue"):
+        for flag in ("--qos=low", "--exclusive", "--partition=debug", "--time=1:00:00",
+                     "--requeue"):
             assert flag in group.split(), (flag, group)
+        # the account once: on each component (ours, on 0.7.0), or on sbatch's command line
+        # (TorchX main's option; Slurm charges every component to it)
+        assert ("--account=research" in group.split()) != ("--account=research" in sbatch)
     assert script.count("--container-image=nvcr.io#nvidia/pytorch:24.05-py3") == 2
     assert script.count("--container-mounts=/data:/data") == 2
 

@@ -7,10 +7,16 @@ node shapes and the read-only root file system, and post-processes the Volcano J
 renders: every pod gets the hardened security context of :mod:`components.schedulers.k8s_pod`.
 Bad options raise :class:`components.launch.ComponentArgumentError` before anything is
 submitted; ``torchx run`` prints that one line and exits 1.
+
+``validate_spec=True`` asks the API server for a dry run of the job: TorchX main's option,
+which this scheduler also offers on torchx 0.7.0 and turns off by default on both (TorchX main
+turns it on, so that ``torchx run --dryrun`` would need a cluster). The server is asked about
+the job as submitted, after the pod changes; a refusal or no answer is one line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any, List, cast  # noqa: UP035 (torchx matches typing.List[str] exactly)
@@ -29,6 +35,7 @@ from components.errors import ComponentArgumentError
 from components.schedulers import k8s_options as opt
 from components.schedulers.k8s_pod import OUTPUTS_DIR, PodOptions, check_fits, customize_pod
 from components.schedulers.run_options import StrictRunOptions
+from components.torchx_compat import replace_cfg
 
 DEFAULT_SHM_SIZE = "1Gi"
 LIST = List[str]  # noqa: UP006 (runopts compares option types with typing.List[str])
@@ -123,6 +130,11 @@ class KubernetesScheduler(StrictRunOptions, _TorchXKubernetes):
                  help="Volcano queue to schedule the job in (required), e.g. torchx-templates")
         for name, type_, default, help_ in _EXTRA_OPTS:
             opts.add(name, type_=type_, default=default, help=help_)
+        # TorchX main's option, on by default there (a --dryrun then needs a cluster); off here
+        # on both versions, so that a dry run renders without one, as README's commands do
+        opts.add("validate_spec", type_=bool, default=False,
+                 help="ask the API server for a dry run of the job (as submitted, with the pod "
+                      "options applied) before submitting it")
         return opts
 
     def build_workspace_and_update_role(self, role: Role, workspace: str,
@@ -149,13 +161,41 @@ class KubernetesScheduler(StrictRunOptions, _TorchXKubernetes):
         for role in app.roles:
             r = role.resource
             check_fits(role.name, r.cpu, r.memMB, r.gpu, shapes)
-        base = super()._submit_dryrun(app, cfg)
+        # rendered without TorchX main's validate_spec: the job is validated below, as submitted
+        base = super()._submit_dryrun(app, replace_cfg(cfg, validate_spec=False))
         job = cast(dict[str, Any], sanitize_for_serialization(base.request.resource))
         check_job_names(job)
         for task in job["spec"]["tasks"]:
             task["template"] = customize_pod(task["template"], pods)
+        if cfg.get("validate_spec"):
+            self._validate_on_server(job, cast(str, cfg.get("namespace") or "default"))
         request = KubernetesJob(images_to_push=base.request.images_to_push, resource=job)
         return AppDryRunInfo(request, repr)
+
+    def _validate_on_server(self, job: dict[str, Any], namespace: str) -> None:
+        """The API server's dry run of creating ``job`` (``validate_spec``); one line if it
+        refuses the job or does not answer."""
+        from kubernetes.client.rest import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            self._custom_objects_api().create_namespaced_custom_object(
+                group="batch.volcano.sh", version="v1alpha1", namespace=namespace,
+                plural="jobs", body=job, dry_run="All")
+        except ApiException as err:
+            try:
+                reason = json.loads(err.body)["message"]
+            except (TypeError, ValueError, KeyError):
+                reason = err.reason
+            raise ComponentArgumentError(
+                f"kubernetes: the API server refuses the job ({err.status}: "
+                f"{' '.join(str(reason).split())}); fix what it names, or pass "
+                "-cfg validate_spec=False to skip the check") from None
+        except (HTTPError, OSError) as err:
+            raise ComponentArgumentError(
+                f"kubernetes: validate_spec: no Kubernetes API server answers "
+                f"({type(err).__name__}); check the kube config (kubectl cluster-info), or pass "
+                "-cfg validate_spec=False to render the job without a cluster") from None
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> KubernetesScheduler:

@@ -89,11 +89,12 @@ class DockerScheduler(StrictRunOptions, docker_scheduler.DockerScheduler):
         self._image_id(role.image)
         super().build_workspace_and_update_role(role, workspace, cfg)
 
-    def _validate(self, app: AppDef, scheduler: str) -> None:
-        """Every role's image is valid and present locally (pulled if need be)."""
+    def _validate(self, app: AppDef, scheduler: str, *cfg: Any) -> None:
+        """Every role's image is valid and present locally (pulled if need be). TorchX main
+        passes the run options too; 0.7.0 does not."""
         for role in app.roles:
             self._image_id(role.image)
-        super()._validate(app, scheduler)
+        super()._validate(app, scheduler, *cfg)
 
     def schedule(self, dryrun_info: AppDryRunInfo[docker_scheduler.DockerJob]) -> str:
         """Run the containers from local image IDs: TorchX pulls anything else first."""

@@ -3,7 +3,8 @@
 What it adds to torchx 0.7.0's :class:`~torchx.schedulers.slurm_scheduler.SlurmScheduler`:
 
 * ``account``, ``qos`` and ``exclusive`` run options (sbatch ``--account``, ``--qos``,
-  ``--exclusive`` on every heterogeneous component), and pyxis/enroot ``container_image`` /
+  ``--exclusive`` on every heterogeneous component; TorchX main has its own ``account`` and
+  ``qos``, which this scheduler then uses), and pyxis/enroot ``container_image`` /
   ``container_mounts`` (srun ``--container-image`` / ``--container-mounts``).
 * ``job_dir`` names a parent directory: each job gets its own new directory under it (a
   snapshot of the workspace, the sbatch script, the logs and, by default, the run's outputs),
@@ -57,7 +58,6 @@ from torchx.schedulers.local_scheduler import LogIterator
 from torchx.schedulers.slurm_scheduler import (
     SLURM_STATES,
     SlurmBatchRequest,
-    SlurmScheduler,
     _get_job_dirs,
     _save_job_dir,
 )
@@ -66,6 +66,7 @@ from torchx.workspace.api import walk_workspace
 
 from components.errors import ComponentArgumentError
 from components.schedulers.run_options import StrictRunOptions
+from components.torchx_compat import SlurmSchedulerBase, replace_cfg
 from trainers.spec.paths import existing_ancestor, unwritable_reason
 
 _log = logging.getLogger(__name__)
@@ -75,6 +76,9 @@ _log = logging.getLogger(__name__)
 _TIME = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
                    r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
 _UNLIMITED = {"UNLIMITED", "INFINITE"}
+# sbatch options this scheduler adds where TorchX's lacks them (0.7.0; TorchX main has both).
+_SBATCH_OPTS = {"account": "the account the job is charged to (sbatch --account)",
+                "qos": "the quality of service (sbatch --qos)"}
 
 # Components with more than one state are reported by the first state of this list they have.
 _STATE_PRECEDENCE = [AppState.FAILED, AppState.CANCELLED, AppState.RUNNING, AppState.PENDING,
@@ -154,7 +158,7 @@ def slurm_user() -> str:
     return os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
 
 
-class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
+class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
     """TorchX's slurm scheduler with accounts, QoS, per-job directories, a cluster pre-flight
     and cancelled-job states (see the module docstring)."""
 
@@ -162,10 +166,9 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
 
     def _run_opts(self) -> runopts:
         opts = super()._run_opts()
-        opts.add("account", type_=str, default=None,
-                 help="the account the job is charged to (sbatch --account)")
-        opts.add("qos", type_=str, default=None,
-                 help="the quality of service (sbatch --qos)")
+        for name, help_ in _SBATCH_OPTS.items():
+            if opts.get(name) is None:  # TorchX main has both, and renders them itself
+                opts.add(name, type_=str, default=None, help=help_)
         opts.add("exclusive", type_=bool, default=False,
                  help="take whole nodes, shared with no other job (sbatch --exclusive)")
         opts.add("container_image", type_=str, default=None,
@@ -284,8 +287,8 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
         if workspace is None:  # with a workspace, the pre-flight ran before it was noted
             self._preflight(cfg, sum(role.num_replicas for role in app.roles))
         if parent is not None:
-            cfg = {**cfg, "job_dir": app.roles[0].image if workspace is not None
-                   else self._new_job_dir(parent, app.roles[0].name)}
+            cfg = replace_cfg(cfg, job_dir=app.roles[0].image if workspace is not None
+                              else self._new_job_dir(parent, app.roles[0].name))
         info = super()._submit_dryrun(app, cfg)  # type: ignore[arg-type]
         request = JobRequest(**{f.name: getattr(info.request, f.name)
                                 for f in dataclasses.fields(SlurmBatchRequest)},
@@ -293,9 +296,11 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
         # A requeued job appends to the logs of its earlier attempts instead of truncating
         # them: the batch script's own log and (srun) every replica's.
         request.cmd.append("--open-mode=append")
+        native = super()._run_opts()
+        ours = [key for key in _SBATCH_OPTS if native.get(key) is None]  # TorchX main's renders
         for replica in request.replicas.values():
             replica.srun_opts["open-mode"] = "append"
-            for key in ("account", "qos"):
+            for key in ours:
                 if cfg.get(key):
                     replica.sbatch_opts[key] = str(cfg[key])
             if cfg.get("exclusive"):
@@ -405,8 +410,9 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmScheduler):
             num_restarts=max(len(jobs) for jobs in attempts.values()) - 1,
             roles=list(roles.values()), roles_statuses=list(statuses.values()))
 
-    def list(self) -> list[ListAppResponse]:
-        """Every job slurmdbd knows, one entry per job (not per heterogeneous component)."""
+    def list(self, cfg: Mapping[str, CfgVal] | None = None) -> list[ListAppResponse]:
+        """Every job slurmdbd knows, one entry per job (not per heterogeneous component);
+        ``cfg`` (which TorchX main passes, and 0.7.0 does not) is not needed."""
         apps = _group_attempts(self._sacct_jobs("-S1970-01-01-00:00:01"))
         return [ListAppResponse(app_id=app_id, state=_app_state(_latest(attempts)))
                 for app_id, attempts in apps.items()]
@@ -558,7 +564,7 @@ def snapshot_workspace(workspace: str, target: str, skip: Iterable[str] = ()) ->
                 os.chmod(dest, stat.S_IMODE(info["mode"]))
 
 
-def _log_lines(app_id: str, paths: list[str], scheduler: SlurmScheduler, should_tail: bool,
+def _log_lines(app_id: str, paths: list[str], scheduler: ExtendedSlurmScheduler, should_tail: bool,
                known_dir: bool) -> Iterator[str]:
     """The files' lines one after the other (TorchX's LogIterator on each); a file the job never
     wrote is one line naming why."""

@@ -1,0 +1,75 @@
+"""What differs between the TorchX releases this repository runs on, in one place.
+
+The components and schedulers work on torchx 0.7.0 (pyproject.toml's pin) and on TorchX's
+current main (PyPI's ``torchx-nightly``; ``.ci/nightly-env`` builds that environment). Each
+difference is detected by the feature, not by a version number:
+
+* ``dist.ddp`` is a deprecated alias of ``dist.torchrun`` on main (it warns on every call):
+  :func:`torchrun_app` calls ``torchrun`` where it exists, with ``ddp``'s reading of ``-j``.
+* Schedulers receive their run options as a typed dataclass on main (``StructuredOpts``, read as
+  ``cfg.option`` by the built-in schedulers) and as a plain dict on 0.7.0: :func:`replace_cfg`
+  changes options and keeps the type.
+* Main's Slurm scheduler picks a workspace builder per job (``workspace_type``) and builds
+  through the builder, so a subclass's ``build_workspace_and_update_role`` is never called:
+  :class:`SlurmSchedulerBase` routes the ``dir`` builder through it again, as on 0.7.0.
+
+Where main does what an extension adds, the extension defers to it by asking the base class
+(e.g. ``runopts.get``), not this module: see components/schedulers/slurm.py and
+kubernetes_volcano.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from torchx import specs
+from torchx.components import dist
+from torchx.schedulers.slurm_scheduler import SlurmScheduler
+from torchx.specs import CfgVal, Role
+
+Cfg = TypeVar("Cfg", bound=Mapping[str, CfgVal])
+
+
+def torchrun_app(*script_args: str, j: str, **kwargs: Any) -> specs.AppDef:
+    """``dist.torchrun`` (TorchX main) or ``dist.ddp`` (0.7.0) with the same arguments; a bare
+    ``-j N`` is N processes on one node, as ``dist.ddp`` reads it on both."""
+    torchrun = getattr(dist, "torchrun", None)
+    if torchrun is None:
+        return dist.ddp(*script_args, j=j, **kwargs)
+    return torchrun(*script_args, j=f"1x{j}" if j.isdigit() else j, **kwargs)
+
+
+def replace_cfg(cfg: Cfg, **changes: CfgVal) -> Cfg:
+    """``cfg`` with ``changes``, of the same type: a copy of TorchX main's options dataclass
+    (``changes`` must name its fields), or a new dict for 0.7.0's plain mapping."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return dataclasses.replace(cfg, **changes)  # type: ignore[return-value]
+    return {**cfg, **changes}  # type: ignore[return-value]
+
+
+if hasattr(SlurmScheduler, "workspace_builders"):  # TorchX main: several workspace builders
+    from torchx.workspace.api import WorkspaceMixin
+    from torchx.workspace.dir_workspace import DirWorkspaceMixin
+
+    class SlurmSchedulerBase(SlurmScheduler):
+        """TorchX main's slurm scheduler, building ``dir`` workspaces through
+        :meth:`build_workspace_and_update_role` (which subclasses extend) as 0.7.0 does."""
+
+        def caching_build_workspace_and_update_role(
+                self, role: Role, cfg: Mapping[str, CfgVal],
+                build_cache: dict[object, object]) -> None:
+            if isinstance(self.workspace_builder(cfg)[1], DirWorkspaceMixin):
+                # WorkspaceMixin's default: merge a multi-directory workspace, then call
+                # self.build_workspace_and_update_role
+                WorkspaceMixin.caching_build_workspace_and_update_role(
+                    self, role, cfg, build_cache)
+            else:
+                super().caching_build_workspace_and_update_role(role, cfg, build_cache)
+
+        def build_workspace_and_update_role(self, role: Role, workspace: str,
+                                            cfg: Mapping[str, CfgVal]) -> None:
+            self.workspace_builder(cfg)[1].build_workspace_and_update_role(role, workspace, cfg)
+else:  # torchx 0.7.0: the scheduler is its own (directory) workspace builder
+    SlurmSchedulerBase = SlurmScheduler  # type: ignore[misc]
