@@ -45,12 +45,14 @@ def node_range(j: str) -> tuple[int, int, int]:
     return min_nodes, max_nodes, nproc
 
 
-def check_launch_specs(h: str | None, mounts: list[str] | None) -> None:
-    """Raise ComponentArgumentError (one line) for a named resource TorchX does not know or a
-    ``--mounts`` spec it cannot parse, where TorchX itself would end in a traceback."""
-    if h is not None and h not in specs.named_resources:
+def check_launch_specs(h: str | None, mounts: list[str] | None) -> specs.Resource | None:
+    """The named resource ``h`` (None without one); ComponentArgumentError (one line) for a
+    named resource TorchX does not know or a ``--mounts`` spec it cannot parse, where TorchX
+    itself would end in a traceback."""
+    resource = None
+    if h is not None:
         try:
-            specs.resource(h=h)  # named_resources[h] warns on TorchX main (deprecated)
+            resource = specs.resource(h=h)  # named_resources[h] warns on TorchX main
         except KeyError as err:
             raise ComponentArgumentError(f"-h {h}: {err.args[0]}") from None
     if mounts:
@@ -62,6 +64,7 @@ def check_launch_specs(h: str | None, mounts: list[str] | None) -> None:
                 f"--mounts {','.join(mounts)}: {detail}; expected "
                 "type=bind|volume|device,src=SOURCE,dst=/PATH[,readonly], e.g. "
                 "type=volume,src=my-claim,dst=/data") from None
+    return resource
 
 
 def check_kill_point(env: dict[str, str] | None, world_size: int) -> None:
@@ -160,12 +163,11 @@ def trainer_app(
     ``MODULE:ATTR``) are not checked with ``check_paths`` false.
     """
     min_nodes, max_nodes, nproc = node_range(j)
-    check_launch_specs(h, mounts)
+    resource = check_launch_specs(h, mounts)
     args = list(script_args)
     if not any(a == "--output-dir" or a.startswith("--output-dir=") for a in args):
         args += ["--output-dir", f"outputs/{macros.app_id}"]
     world_sizes = [nodes * nproc for nodes in range(min_nodes, max_nodes + 1)]
-    resource = specs.resource(h=h) if h is not None else None
     gpus = resource.gpu if resource is not None else gpu
     cpu, memMB = node_request(gpus, cpu, memMB)
     try:
