@@ -43,13 +43,14 @@ from tests.slurm_support import (
 )
 from tests.test_faults import assert_same_run
 
-# (component, -j, trainer arguments): each on one node and across the two nodes. The model
-# parallel trainer drives all of a node's devices from one process, so on one node it is 1x1.
+# (component, -j, trainer arguments): every component across the two nodes, and the two
+# launch shapes of one node (torchrun with 2 processes; the model parallel trainer, which
+# drives all of a node's devices from one process, 1x1) on one node.
 CASES = [
     ("ddp", "1x2", []), ("ddp", "2x1", []),
-    ("fsdp", "1x2", []), ("fsdp", "2x1", ["--reshard-after-forward", "false"]),
-    ("tensor_parallel", "1x2", ["--tp", "2"]), ("tensor_parallel", "2x1", ["--tp", "2"]),
-    ("pipeline", "1x2", ["--pp", "2"]), ("pipeline", "2x1", ["--pp", "2", "--schedule", "1f1b"]),
+    ("fsdp", "2x1", ["--reshard-after-forward", "false"]),
+    ("tensor_parallel", "2x1", ["--tp", "2"]),
+    ("pipeline", "2x1", ["--pp", "2", "--schedule", "1f1b"]),
     ("model_parallel", "1x1", ["--devices", "cpu,cpu"]),
     ("model_parallel", "2x1", ["--devices", "cpu,cpu"]),
 ]
