@@ -10,6 +10,7 @@ allows, so a bad argument fails here, in one line, before anything is scheduled.
 
 from __future__ import annotations
 
+import signal
 import socket
 from collections.abc import Callable
 
@@ -24,6 +25,7 @@ from trainers.spec.config import parse_config
 from trainers.spec.errors import ConfigError, MissingPathError
 from trainers.spec.models import model_kind
 from trainers.spec.planner import GIB, check_fits
+from trainers.spec.preemption import parse_signals
 from trainers.spec.resources import GPU_MEMORY_GB, gpu_memory_gb, node_request
 
 # The image that container schedulers (kubernetes, local_docker) run; local_cwd ignores it.
@@ -195,7 +197,27 @@ def trainer_app(
                        rdzv_port=rendezvous_port(rdzv_port, max_nodes), mounts=mounts)
     if max_retries:
         restart_in_place(app, max_retries)
+    forward_preemption(app, parse_signals(cfg.preemption_signals))
     return app
+
+
+# Signals torchrun forwards to its workers by default (torch.distributed.run --signals-to-handle).
+TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+# Seconds torchrun waits for its workers to save and exit after forwarding a signal before it
+# kills them; the scheduler's own grace period (Slurm signal_grace, Kubernetes
+# termination_grace_s) is the bound that matters, so this only has to exceed it.
+TORCHRUN_SHUTDOWN_S = 900
+
+
+def forward_preemption(app: specs.AppDef, signals: tuple[signal.Signals, ...]) -> None:
+    """Make torchrun forward the trainers' preemption ``signals`` to its workers (it forwards
+    only SIGTERM, SIGINT, SIGHUP and SIGQUIT by default and dies of SIGUSR1) and wait for them
+    to save (``PET_SIGNALS_TO_HANDLE``, ``PET_SHUTDOWN_TIMEOUT``); a value the user set in
+    ``env`` is kept."""
+    names = list(TORCHRUN_SIGNALS) + [s.name for s in signals if s.name not in TORCHRUN_SIGNALS]
+    for role in app.roles:
+        role.env.setdefault("PET_SIGNALS_TO_HANDLE", ",".join(names))
+        role.env.setdefault("PET_SHUTDOWN_TIMEOUT", str(TORCHRUN_SHUTDOWN_S))
 
 
 def rank_memory(nproc: int, gpus: int, node_mb: int, device_memory_gb: float,

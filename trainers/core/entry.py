@@ -8,6 +8,7 @@ one line; running out of memory prints the anatomy of the job and what to try ne
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable, Sequence
 
 import torch
@@ -17,6 +18,7 @@ from trainers.core.loop import StepHook, train
 from trainers.core.oom import explain_out_of_memory
 from trainers.core.strategy import Strategy
 from trainers.spec.config import TrainConfig, exit_on_config_error, parse_or_exit
+from trainers.spec.preemption import exit_status
 from trainers.spec.registry import trainer
 
 StrategyBuilder = Callable[[TrainConfig, DistEnv], Strategy]
@@ -35,6 +37,11 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
     """Join (or form) the process group, build trainer ``name``'s strategy and train; an
     out-of-memory error is explained. ``device`` and ``on_step`` are for launchers that own the
     process group (see :func:`trainers.core.distributed.init_distributed` and
-    :func:`trainers.core.loop.train`)."""
+    :func:`trainers.core.loop.train`).
+
+    A run stopped by a preemption signal (its checkpoint saved) leaves the process group and
+    exits ``128 + signal`` (:func:`trainers.spec.preemption.exit_status`)."""
     with init_distributed(cfg, device) as env, explain_out_of_memory(cfg, name, env.device):
-        train(cfg, env, build(cfg, env), on_step)
+        summary = train(cfg, env, build(cfg, env), on_step)
+    if summary.get("preempted"):
+        raise SystemExit(exit_status(signal.Signals[summary["preempted"]]))

@@ -8,6 +8,7 @@ and cosine decay, autocast, evaluation, checkpoints, metrics and the summary.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,10 +28,12 @@ from trainers.core.metrics import (
     peak_memory_bytes,
     write_summary,
 )
+from trainers.core.preemption import PreemptionWatch
 from trainers.core.strategy import Strategy
 from trainers.spec.config import TrainConfig
 from trainers.spec.faults import kill_point, maybe_kill, restart_count
 from trainers.spec.models import model_shape
+from trainers.spec.preemption import exit_status, parse_signals
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -103,8 +106,9 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     tokens_per_step = cfg.batch_size * cfg.seq_len
     autocast = strategy.autocast(cfg.dtype, env.device)
     history: list[dict[str, float]] = []
-    wall_start = time.perf_counter()
-    for step in range(start_step + 1, cfg.steps + 1):
+
+    def one_step(step: int) -> dict[str, float]:
+        """Optimizer step ``step``: its metrics, with the eval loss at evaluation steps."""
         step_start = time.perf_counter()
         data_time = 0.0
         micro_batches = []
@@ -128,21 +132,38 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
             peak_memory_bytes=float(peak_memory_bytes(env.device)), data_share=data_time / elapsed)
         if val and (step % cfg.eval_every == 0 or step == cfg.steps):
             metrics["eval_loss"] = strategy.mean_over_replicas(strategy.eval_loss(val, autocast))
-        history.append(metrics)
-        writer.write(step, metrics)
-        if step % cfg.log_every == 0 or step in (start_step + 1, cfg.steps):
-            writer.print(format_line(step, cfg.steps, metrics))
-        maybe_kill(kill_at, "step", env.rank, step, run_dir)
-        saved = None
-        progress.step = step
-        if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
-            saved = checkpointer.save(step)
-        if on_step is not None:
-            on_step(step, metrics, saved)
+        return metrics
+
+    preempted: signal.Signals | None = None
+    saved_step: int | None = None
+    wall_start = time.perf_counter()
+    with PreemptionWatch(parse_signals(cfg.preemption_signals), env) as watch:
+        for step in range(start_step + 1, cfg.steps + 1):
+            metrics = one_step(step)
+            history.append(metrics)
+            writer.write(step, metrics)
+            if step % cfg.log_every == 0 or step in (start_step + 1, cfg.steps):
+                writer.print(format_line(step, cfg.steps, metrics))
+            maybe_kill(kill_at, "step", env.rank, step, run_dir)
+            progress.step = step
+            preempted = watch.agreed() if step < cfg.steps else None
+            saved = None
+            if step == cfg.steps or preempted is not None or \
+                    (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+                saved = checkpointer.save(step)
+                saved_step = step
+            if on_step is not None:
+                on_step(step, metrics, saved)
+            if preempted is not None:
+                writer.print(f"preempted by {preempted.name} after step {step}: saved {saved}; "
+                             f"exiting {exit_status(preempted)} for the scheduler to restart the "
+                             "job, which resumes from it (--resume auto)")
+                break
     writer.close()
     summary = _summarize(cfg, env, history, start_step, time.perf_counter() - wall_start,
                          train_set, mfu_per_token_per_s, model_cfg.num_params())
-    summary.update(restarts=restart_count(), steps_lost=writer.steps_redone, tf32=env.tf32)
+    summary.update(restarts=restart_count(), steps_lost=writer.steps_redone, tf32=env.tf32,
+                   preempted=preempted.name if preempted else None, saved_step=saved_step)
     if env.is_main and history:
         write_summary(run_dir, summary)
         writer.print("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else

@@ -25,6 +25,8 @@ from trainers.spec.data_source import check_data, check_data_options
 from trainers.spec.errors import ConfigError, MissingPathError
 from trainers.spec.models import MODEL_HELP, model_shape
 from trainers.spec.paths import unwritable_reason
+from trainers.spec.preemption import DEFAULT as PREEMPTION_DEFAULT
+from trainers.spec.preemption import parse_signals
 from trainers.spec.registry import SCHEDULE_STAGES, serving, trainer
 from trainers.spec.shapes import MODEL_SIZES, ModelConfig
 from trainers.spec.token_file import TOKEN_DTYPES
@@ -118,6 +120,10 @@ class TrainConfig:
     keep_checkpoints: int = _opt(3, "how many of the newest checkpoints to keep")
     resume: str = _opt("auto", "auto (newest valid checkpoint in the output directory, if any), "
                        "none, or a checkpoint or run directory")
+    preemption_signals: str = _opt(PREEMPTION_DEFAULT, "signals on which every rank finishes its "
+                                   "step, saves a checkpoint of it and exits 128+signal for the "
+                                   "scheduler to restart the job (comma-separated; none: the "
+                                   "signals keep their default action)")
 
     def micro_batch(self, dp_size: int) -> int:
         """Sequences per micro-batch on each of ``dp_size`` data-parallel ranks."""
@@ -215,6 +221,7 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
                           "attention dropout); pass --dropout 0 or --attention sdpa")
     if not 0.0 < cfg.val_fraction < 1.0:
         raise ConfigError(f"--val-fraction must be in (0, 1), got {cfg.val_fraction}")
+    parse_signals(cfg.preemption_signals)
     check_data_options(cfg)
     # A model in files (hf:DIR, MODULE:ATTR) is read only where the paths are checked.
     shape = model_shape(cfg.model, load=check_paths)

@@ -1,0 +1,69 @@
+"""Preemption: a signal asks the run to stop; the ranks agree on the step to save.
+
+:class:`PreemptionWatch` installs a handler for each preemption signal that only records it
+(a second signal, say during the save, changes nothing). After every step the ranks agree in
+one small all-reduce whether any of them was signalled, so all of them save the same step and
+stop together (:mod:`trainers.core.loop`); the process then exits ``128 + signal``
+(:func:`trainers.spec.preemption.exit_status`).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainers.core.distributed import DistEnv
+
+log = logging.getLogger(__name__)
+
+
+class PreemptionWatch:
+    """Records the preemption signals this process receives while it is open (a context
+    manager; the previous handlers come back on exit).
+
+    Handlers can be installed only from the main thread; a loop run from another thread (a
+    launcher's worker thread) is told by the launcher instead, through :meth:`request`.
+    """
+
+    def __init__(self, signals: tuple[signal.Signals, ...], env: DistEnv) -> None:
+        self.signals = signals
+        self.env = env
+        self.received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+        self._flag = torch.zeros(1, dtype=torch.int64, device=env.device)
+
+    def __enter__(self) -> PreemptionWatch:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request(signal.Signals(signum))
+
+    def request(self, sig: signal.Signals) -> None:
+        """Ask the run to save and stop at the next step boundary (idempotent)."""
+        if self.received is None:
+            self.received = sig
+            print(f"[{self.env.rank}]: got {sig.name}: saving at the end of this step, then "
+                  "exiting for the scheduler to restart", flush=True)
+
+    def agreed(self) -> signal.Signals | None:
+        """The signal of any rank, the same on every rank (collective: every rank calls it
+        after every step); None while no rank was signalled."""
+        self._flag.fill_(int(self.received or 0))
+        if self.env.world_size > 1:
+            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+        value = int(self._flag.item())
+        return signal.Signals(value) if value else None
