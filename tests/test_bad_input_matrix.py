@@ -95,6 +95,14 @@ ROWS = [
         "trainers.pipeline: each pipeline's batch of 6 sequences does not split into "
         "--microbatches 4; pass a divisor of it", j="2x1",
         trainer=("--pp", "2", "--batch-size", "6")),
+    Row("preemption-signal-unknown", "local_cwd", "ddp",
+        "trainers.ddp: --preemption-signals SIGTERM,SIGUSR3: SIGUSR3 is not a signal; pass names "
+        "such as SIGTERM,SIGUSR1 (see `kill -l`), or none",
+        trainer=("--preemption-signals", "SIGTERM,SIGUSR3")),
+    Row("preemption-signal-uncatchable", "slurm", "fsdp",
+        "trainers.fsdp: --preemption-signals KILL: SIGKILL cannot be caught, so no checkpoint can "
+        "be saved on it; pass catchable signals such as SIGTERM,SIGUSR1",
+        trainer=("--preemption-signals", "KILL")),
     Row("option-of-another-trainer", "local_cwd", "ddp",
         "trainers.ddp: --cpu-offload is not served by trainers.ddp; use trainers.fsdp or drop "
         "--cpu-offload", trainer=("--cpu-offload",)),

@@ -56,7 +56,7 @@ class PreemptionWatch:
         """Ask the run to save and stop at the next step boundary (idempotent)."""
         if self.received is None:
             self.received = sig
-            print(f"[{self.env.rank}]: got {sig.name}: saving at the end of this step, then "
+            print(f"rank {self.env.rank} got {sig.name}: saving at the end of this step, then "
                   "exiting for the scheduler to restart", flush=True)
 
     def agreed(self) -> signal.Signals | None:
