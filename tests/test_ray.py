@@ -9,6 +9,7 @@ Ray installed these tests skip (and so fail under CI=true).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import shutil
@@ -58,42 +59,63 @@ def _free_port() -> int:
             return port
 
 
-@pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    """A Ray head node on 127.0.0.1 with 2 CPUs and no GPU, for this module; its address."""
+class RayNode:
+    """One ``ray start --block`` node on 127.0.0.1 (a head, or a worker joining ``address``),
+    started when constructed and stopped by :meth:`stop`."""
+
+    def __init__(self, *options: str) -> None:
+        ray_cli = Path(sys.executable).parent / "ray"
+        self.proc = subprocess.Popen(
+            [str(ray_cli), "start", "--block", "--node-ip-address=127.0.0.1", "--num-gpus=0",
+             "--disable-usage-stats", "--object-store-memory=100000000", *options],
+            cwd=REPO, env={**_env(), **RAY_ENV},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        output: list[str] = []
+        deadline = time.monotonic() + 120
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            output.append(line)
+            if "Ray runtime started" in line or time.monotonic() > deadline:
+                break
+        if self.proc.poll() is not None or "Ray runtime started" not in "".join(output):
+            self.proc.kill()
+            raise AssertionError("ray start failed:\n" + "".join(output[-40:]))
+        threading.Thread(target=lambda: [output.append(x) for x in self.proc.stdout],
+                         daemon=True).start()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)  # stops the node's processes (SIGTERM takes 30 s)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def ray_cluster(head_cpus: int, worker_cpus: tuple[int, ...] = ()) -> Iterator[str]:
+    """A Ray cluster on 127.0.0.1: a head with ``head_cpus`` CPUs and a worker node per entry
+    of ``worker_cpus``; its address."""
     _needs_ray()
     port = _free_port()
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths
-    ray_cli = Path(sys.executable).parent / "ray"
-    proc = subprocess.Popen(
-        [str(ray_cli), "start", "--head", "--block", f"--port={port}",
-         "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0",
-         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}",
-         "--object-store-memory=200000000"],
-        cwd=REPO, env={**_env(), **RAY_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
-    output: list[str] = []
-    deadline = time.monotonic() + 120
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        output.append(line)
-        if "Ray runtime started" in line or time.monotonic() > deadline:
-            break
-    if proc.poll() is not None or "Ray runtime started" not in "".join(output):
-        proc.kill()
-        raise AssertionError("ray start failed:\n" + "".join(output[-40:]))
-    drain = threading.Thread(target=lambda: [output.append(x) for x in proc.stdout], daemon=True)
-    drain.start()
+    nodes = [RayNode("--head", f"--port={port}", f"--num-cpus={head_cpus}",
+                     "--include-dashboard=false", f"--temp-dir={temp}")]
     try:
+        for cpus in worker_cpus:
+            nodes.append(RayNode(f"--address=127.0.0.1:{port}", f"--num-cpus={cpus}"))
         yield f"127.0.0.1:{port}"
     finally:
-        proc.send_signal(signal.SIGINT)  # stops the node's processes (SIGTERM takes 30 s)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        for node in reversed(nodes):
+            node.stop()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """A Ray head node on 127.0.0.1 with 2 CPUs and no GPU, for this module; its address."""
+    with ray_cluster(2) as address:
+        yield address
 
 
 def run_ray(launcher: list[str], trainer: list[str], extra_env: dict[str, str] | None = None,
@@ -178,6 +200,59 @@ def test_killed_worker_is_restarted_by_ray_and_resumes(tmp_path, ray_address, to
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["restarts"], summary["steps_lost"], summary["resumed_from_step"]) == (1, 2, 4)
     assert_same_run(run_dir, torchrun_runs["ddp"], tmp_path)
+
+
+# Long enough that Ray's preemption watcher (polling every second here) sees the drain while
+# the run is still going.
+DRAIN_ARGS = [*without(ARGS, "--steps", "--checkpoint-every", "--log-every"), "--steps", "400",
+              "--checkpoint-every", "0", "--log-every", "50"]
+
+
+def _node_of_a_worker(address: str) -> str:
+    """The id of a Ray node running one of the job's worker actors."""
+    script = (f"import ray; ray.init(address={address!r}, logging_level='ERROR'); "
+              "print(next(a['Address']['NodeID'] for a in ray._private.state.actors().values() "
+              "if a['State'] == 'ALIVE' and 'RayTrainWorker' in a['ActorClassName']))")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**_env(), **RAY_ENV},
+                          capture_output=True, text=True, timeout=120, check=True)
+    return proc.stdout.split()[-1]
+
+
+@pytest.mark.slow
+def test_drained_node_saves_the_agreed_step_and_ray_resumes_it_elsewhere(tmp_path):
+    """Ray's preemption notice (the node hosting the workers is drained, as KubeRay's autoscaler
+    does for a reclaimed spot node; 10 s deadline): both workers save the step they agree on
+    and wait; at the deadline Ray restarts the group on the other node, charged to its
+    preemption budget (so without --max-failures), and the run resumes there with no step
+    lost, ending where the uninterrupted run does."""
+    reference = tmp_path / "torchrun"
+    run_trainer([*DRAIN_ARGS, "--output-dir", str(reference)], nproc=2)
+    run_dir = tmp_path / "ray"
+    env = {**_env(), **RAY_ENV, "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
+    with ray_cluster(0, (2, 2)) as address:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainers.ray_train", "--trainer", "ddp", "--workers", "2",
+             "--address", address, "--", *DRAIN_ARGS, "--output-dir", str(run_dir)],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 20):
+            assert proc.poll() is None and time.monotonic() < deadline, "no step 20"
+            time.sleep(0.2)
+        node = _node_of_a_worker(address)
+        subprocess.run([str(Path(sys.executable).parent / "ray"), "drain-node", "--address",
+                        address, "--node-id", node, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
+                        "--reason-message", "spot instance reclaimed",
+                        "--deadline-remaining-seconds", "10"],
+                       cwd=REPO, env=env, check=True, capture_output=True, timeout=60)
+        out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-6000:]
+    saved = int(out.split("preempted by SIGTERM after step ")[1].split(":")[0])
+    assert "interrupted by node preemption" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["resumed_from_step"], summary["preempted"]) == (saved, None)
+    assert summary["steps_lost"] <= 1
+    assert_same_run(run_dir, reference, tmp_path)
 
 
 @pytest.mark.slow

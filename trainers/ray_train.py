@@ -35,6 +35,7 @@ import math
 import os
 import socket
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -240,7 +241,9 @@ def train_worker(config: dict[str, Any]) -> None:
     ``config``: ``trainer``, its ``argv``, ``report_every`` and the run ``token``
     (counts restarts). Every rank calls ``ray.train.report`` at the same steps (checkpoint
     steps and every ``report_every``-th); rank 0 attaches the committed checkpoint directory.
-    A restarted worker group resumes from the checkpoint Ray hands back.
+    A restarted worker group resumes from the checkpoint Ray hands back. When Ray reports that
+    a node of the group is being drained (a preemption notice, ``ray.train.get_preemption_info``)
+    every rank saves the step they agree on, reports it and waits for Ray to restart the group.
     """
     import ray.train
     import ray.train.torch
@@ -270,9 +273,20 @@ def train_worker(config: dict[str, Any]) -> None:
         ray.train.report({"step": step, **metrics}, checkpoint=attach,
                          checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
 
+    def node_drained() -> bool:  # a collective of Ray's: every rank asks after every step
+        return ray.train.get_preemption_info() is not None
+
     device = ray.train.torch.get_device()
-    train_in_group(cfg, name, module.build, device if device.type == "cuda" else None,
-                   report)
+    try:
+        train_in_group(cfg, name, module.build, device if device.type == "cuda" else None,
+                       report, node_drained)
+    except SystemExit:
+        # Preempted (the only way out of the loop by SystemExit): the step is saved and
+        # reported. Ray Train replaces the worker group at the drain's deadline and charges it
+        # to the preemption budget (FailureConfig.max_preemption_failures, unlimited), not to
+        # --max-failures; until then the workers wait.
+        while True:
+            time.sleep(1)
 
 
 def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) -> Any:

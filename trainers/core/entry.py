@@ -16,6 +16,7 @@ import torch
 from trainers.core.distributed import DistEnv, init_distributed
 from trainers.core.loop import StepHook, train
 from trainers.core.oom import explain_out_of_memory
+from trainers.core.preemption import Notice
 from trainers.core.strategy import Strategy
 from trainers.spec.config import TrainConfig, exit_on_config_error, parse_or_exit
 from trainers.spec.preemption import exit_status
@@ -33,15 +34,16 @@ def run(name: str, build: StrategyBuilder, argv: Sequence[str] | None = None) ->
 
 
 def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
-                   device: torch.device | None = None, on_step: StepHook | None = None) -> None:
+                   device: torch.device | None = None, on_step: StepHook | None = None,
+                   notice: Notice | None = None) -> None:
     """Join (or form) the process group, build trainer ``name``'s strategy and train; an
-    out-of-memory error is explained. ``device`` and ``on_step`` are for launchers that own the
-    process group (see :func:`trainers.core.distributed.init_distributed` and
+    out-of-memory error is explained. ``device``, ``on_step`` and ``notice`` are for launchers
+    that own the process group (see :func:`trainers.core.distributed.init_distributed` and
     :func:`trainers.core.loop.train`).
 
     A run stopped by a preemption signal (its checkpoint saved) leaves the process group and
     exits ``128 + signal`` (:func:`trainers.spec.preemption.exit_status`)."""
     with init_distributed(cfg, device) as env, explain_out_of_memory(cfg, name, env.device):
-        summary = train(cfg, env, build(cfg, env), on_step)
+        summary = train(cfg, env, build(cfg, env), on_step, notice)
     if summary.get("preempted"):
         raise SystemExit(exit_status(signal.Signals[summary["preempted"]]))

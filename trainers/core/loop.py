@@ -28,7 +28,7 @@ from trainers.core.metrics import (
     peak_memory_bytes,
     write_summary,
 )
-from trainers.core.preemption import PreemptionWatch
+from trainers.core.preemption import Notice, PreemptionWatch
 from trainers.core.strategy import Strategy
 from trainers.spec.config import TrainConfig
 from trainers.spec.faults import kill_point, maybe_kill, restart_count
@@ -67,11 +67,14 @@ StepHook = Callable[[int, dict[str, float], Path | None], None]
 
 
 def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
-          on_step: StepHook | None = None) -> dict[str, Any]:
+          on_step: StepHook | None = None, notice: Notice | None = None) -> dict[str, Any]:
     """Run ``cfg.steps`` optimizer steps (resuming if asked); return the summary (all ranks).
 
     ``on_step`` (optional) receives every step's metrics on every rank after the step and its
     checkpoint, if any, are done, with the committed checkpoint directory at checkpoint steps.
+    A preemption signal (``--preemption-signals``), or ``notice`` (a launcher's own preemption
+    notice, asked after every step) returning True on any rank, ends the run after the step
+    all ranks agree on, with a checkpoint of it; the summary's ``preempted`` names the signal.
     """
     run_dir = Path(cfg.output_dir)
     model_cfg = model_shape(cfg.model)
@@ -137,7 +140,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     preempted: signal.Signals | None = None
     saved_step: int | None = None
     wall_start = time.perf_counter()
-    with PreemptionWatch(parse_signals(cfg.preemption_signals), env) as watch:
+    with PreemptionWatch(parse_signals(cfg.preemption_signals), env, notice) as watch:
         for step in range(start_step + 1, cfg.steps + 1):
             metrics = one_step(step)
             history.append(metrics)

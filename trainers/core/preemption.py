@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -23,17 +24,24 @@ from trainers.core.distributed import DistEnv
 log = logging.getLogger(__name__)
 
 
+# A launcher's own preemption notice, asked once per step on every rank (e.g. Ray's node
+# drain, trainers.ray_train): True once this rank's node is going away; handled as a SIGTERM.
+Notice = Callable[[], bool]
+
+
 class PreemptionWatch:
     """Records the preemption signals this process receives while it is open (a context
     manager; the previous handlers come back on exit).
 
-    Handlers can be installed only from the main thread; a loop run from another thread (a
-    launcher's worker thread) is told by the launcher instead, through :meth:`request`.
+    Handlers can be installed only from the main thread; a loop run from another thread (Ray
+    Train's worker thread) learns of a preemption from its launcher's ``notice`` instead.
     """
 
-    def __init__(self, signals: tuple[signal.Signals, ...], env: DistEnv) -> None:
+    def __init__(self, signals: tuple[signal.Signals, ...], env: DistEnv,
+                 notice: Notice | None = None) -> None:
         self.signals = signals
         self.env = env
+        self.notice = notice
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
         self._flag = torch.zeros(1, dtype=torch.int64, device=env.device)
@@ -57,11 +65,15 @@ class PreemptionWatch:
         if self.received is None:
             self.received = sig
             print(f"rank {self.env.rank} got {sig.name}: saving at the end of this step, then "
-                  "exiting for the scheduler to restart", flush=True)
+                  "stopping for the scheduler to restart the job", flush=True)
 
     def agreed(self) -> signal.Signals | None:
         """The signal of any rank, the same on every rank (collective: every rank calls it
         after every step); None while no rank was signalled."""
+        if self.received is None and self.notice is not None and self.notice():
+            print(f"rank {self.env.rank}: the launcher reports that this job's node is being "
+                  "preempted; handling it as a SIGTERM", flush=True)
+            self.request(signal.SIGTERM)
         self._flag.fill_(int(self.received or 0))
         if self.env.world_size > 1:
             dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
