@@ -4,7 +4,8 @@ uninterrupted run does (fp32 CPU: losses and final weights within 1e-6 relative)
 
 The Slurm, Kubernetes and Ray paths are proven in their own test modules; here: the signal
 handling itself, a signal to one worker under torchrun (which restarts the workers in place)
-and ``torchx cancel`` of a ``local_cwd`` job from another process, then the same command again.
+and ``torchx cancel`` (from another process) and Ctrl-C of a ``local_cwd`` job, each followed by
+the same command again.
 """
 
 from __future__ import annotations
@@ -122,16 +123,21 @@ def test_signal_to_one_worker_saves_the_step_all_ranks_agree_on(tmp_path, refere
 
 
 @pytest.mark.slow
-def test_torchx_cancel_of_a_local_job_saves_and_the_same_command_resumes(tmp_path, reference):
+def test_torchx_cancel_or_ctrl_c_of_a_local_job_saves_and_the_same_command_resumes(
+        tmp_path, reference):
     """``torchx status``/``torchx cancel`` from another process reach a local_cwd job; the
-    cancel's SIGTERM is forwarded by torchrun, both ranks save the step they were on, and the
-    same ``torchx run`` again resumes there and ends as the uninterrupted run did."""
+    cancel's SIGTERM is forwarded by torchrun and both ranks save the step they were on. The
+    same ``torchx run`` again resumes there; Ctrl-C (SIGINT) to it saves likewise; the third
+    run ends as the uninterrupted run did."""
     run_dir = tmp_path / "run"
-    command = ["run", "-s", "local_cwd", "components/ddp.py:ddp", "-j", "1x2", "--",
-               *ARGS, "--output-dir", str(run_dir)]
-    proc = subprocess.Popen([sys.executable, "-m", "torchx.cli.main", *command], cwd=REPO,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    command = [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd",
+               "components/ddp.py:ddp", "-j", "1x2", "--", *ARGS, "--output-dir", str(run_dir)]
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    proc = start()
     wait_for_step(run_dir, 20, proc)
     assert proc.stdout is not None
     handle = proc.stdout.readline().strip()
@@ -147,9 +153,18 @@ def test_torchx_cancel_of_a_local_job_saves_and_the_same_command_resumes(tmp_pat
     assert [p.name for p in find_checkpoints(run_dir / "checkpoints")] == [f"step_{saved:08d}"]
     assert torchx_cli("status", handle).returncode != 0  # gone: nothing left to report
 
-    rerun = torchx_cli(*command)
+    proc = start()
+    wait_for_step(run_dir, saved + 20, proc)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: torchx sends SIGTERM to the job's processes
+    _, err = proc.communicate(timeout=120)
+    second = summary(run_dir)
+    assert (second["preempted"], second["resumed_from_step"]) == ("SIGTERM", saved), err[-4000:]
+    assert second["saved_step"] > saved and second["steps_lost"] <= 1
+
+    rerun = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True,
+                           timeout=300)
     assert "Job finished: SUCCEEDED" in rerun.stderr, rerun.stderr[-4000:]
     result = summary(run_dir)
-    assert (result["resumed_from_step"], result["preempted"]) == (saved, None)
+    assert (result["resumed_from_step"], result["preempted"]) == (second["saved_step"], None)
     assert result["steps_lost"] <= 1
     assert_same_run(run_dir, reference, tmp_path)
