@@ -269,13 +269,14 @@ class Eviction:
 @dataclass
 class JobResult:
     """How a job ended: Volcano's ``phase`` (Completed, Failed, Terminated, Aborted), its
-    restarts, each run's pods, and (monotonic seconds) when the eviction came and when the
-    next run's pods were started."""
+    restarts, each run's pods, and (monotonic seconds) when the eviction came, when that run's
+    pods had all exited, and when the next run's pods were started."""
 
     phase: str
     retries: int = 0
     runs: list[list[PodResult]] = field(default_factory=list)
     evicted_at: float | None = None
+    stopped_at: float | None = None
     restarted_at: float | None = None
 
 
@@ -355,6 +356,8 @@ def run_job(engine: str, job: dict[str, Any], network: str, claims: Path,
                                deadline, result)
             if action is not None:
                 _stop(engine, job_pods)
+            if result.evicted_at is not None and result.stopped_at is None:
+                result.stopped_at = time.monotonic()
             codes = _exited(engine, job_pods)
             run = []
             for pod in job_pods:

@@ -38,11 +38,11 @@ def check_termination_grace(value: int, shutdown_timeout: str | None) -> int:
     waits for them that long (``shutdown_timeout``: the role's ``PET_SHUTDOWN_TIMEOUT``, if
     set); else raise ComponentArgumentError in one line."""
     if value <= 0:
+        what = ("is negative" if value < 0 else "kills an evicted or preempted pod at once, "
+                "before the trainers can save a checkpoint")
         raise ComponentArgumentError(
-            f"kubernetes: termination_grace_s={value} leaves the trainers no time to save a "
-            "checkpoint when a pod is evicted or preempted (0 kills at once); pass the seconds "
-            f"a step plus a checkpoint save take, e.g. termination_grace_s="
-            f"{DEFAULT_TERMINATION_GRACE_S}")
+            f"kubernetes: termination_grace_s={value} {what}; pass the seconds a step plus a "
+            f"checkpoint save take, e.g. termination_grace_s={DEFAULT_TERMINATION_GRACE_S}")
     if shutdown_timeout is not None and shutdown_timeout.isdigit() \
             and value > int(shutdown_timeout):
         raise ComponentArgumentError(
