@@ -33,10 +33,10 @@ TERMINATION_GRACE_HELP = (
 EVENTS = ("PodEvicted", "PodFailed")
 
 
-def check_termination_grace(value: int, shutdown_timeout: str | None) -> int:
-    """``value`` (termination_grace_s) if it gives the trainers time to save and torchrun
-    waits for them that long (``shutdown_timeout``: the role's ``PET_SHUTDOWN_TIMEOUT``, if
-    set); else raise ComponentArgumentError in one line."""
+def check_termination_grace(value: int, shutdown_timeout: str | None) -> None:
+    """Raise ComponentArgumentError (one line) unless ``value`` (termination_grace_s) gives the
+    trainers time to save and torchrun waits for them that long (``shutdown_timeout``: the
+    role's ``PET_SHUTDOWN_TIMEOUT``, if set)."""
     if value <= 0:
         what = ("is negative" if value < 0 else "kills an evicted or preempted pod at once, "
                 "before the trainers can save a checkpoint")
@@ -49,7 +49,6 @@ def check_termination_grace(value: int, shutdown_timeout: str | None) -> int:
             f"kubernetes: termination_grace_s={value} exceeds torchrun's PET_SHUTDOWN_TIMEOUT="
             f"{shutdown_timeout}, after which it kills the trainers mid-save; lower "
             f"termination_grace_s or pass --env PET_SHUTDOWN_TIMEOUT={value}")
-    return value
 
 
 def restart_policy(max_retries: int) -> dict[str, Any]:
@@ -60,8 +59,9 @@ def restart_policy(max_retries: int) -> dict[str, Any]:
     ``maxRetry``, so ``max_retries`` restarts need ``maxRetry: max_retries + 1`` (TorchX renders
     ``max_retries``: one restart fewer, none at 1). With ``max_retries`` 0 the job is ended
     instead (``TerminateJob``: the other pods get SIGTERM and save too); its checkpoint stays on
-    the claim for a resubmission with the same ``--output-dir``. Without these policies Volcano
-    would create an evicted pod again on its own, into a job whose other ranks have stopped.
+    the claim for a resubmission with ``--output-dir outputs/<job name>``. Without these
+    policies Volcano would create an evicted pod again on its own, into a job whose other ranks
+    have stopped.
     """
     action = "RestartJob" if max_retries > 0 else "TerminateJob"
     return {"maxRetry": max_retries + 1,
