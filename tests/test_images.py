@@ -198,6 +198,8 @@ def test_rendered_kubernetes_job_becomes_pods_with_volcano_names_and_env(tmp_pat
     assert re.search(r"--rdzv_endpoint \$\{VC_DDP_0_HOSTS:=localhost\}:\d+ ",
                      rendered[1].command[2])
     assert "shm" in [m.kind for m in rendered[0].mounts]  # /dev/shm, an emptyDir in memory
+    assert [(p.grace_s, p.policies) for p in rendered] == [
+        (300, {"PodEvicted": "TerminateJob", "PodFailed": "TerminateJob"})] * 2
 
 
 def _harden(job: dict) -> dict:
@@ -440,6 +442,20 @@ def test_rendered_kubernetes_job_trains_as_containers(request, engine, tmp_path,
     else:
         run_dir = _train_as_pods(engine, _render_kubernetes(*TRAIN), tmp_path)
         _trained(run_dir / "summary.json", world_size=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_retries, phase, runs", [(0, "Terminated", 1), (1, "Failed", 2)])
+def test_failing_job_is_restarted_max_retries_times(engine, tmp_path, max_retries, phase, runs):
+    """Under the rendered policy a failed pod restarts the job --max_retries times, then the
+    job fails; at 0 the first failure ends it (TerminateJob)."""
+    job = _render_kubernetes(*TRAIN, options=("--max_retries", str(max_retries)))
+    for task in job["spec"]["tasks"]:
+        task["template"]["spec"]["containers"][0]["command"] = ["python3", "-c", "exit(1)"]
+    result = run_job(engine, job, f"volcano-{uuid.uuid4().hex[:8]}", tmp_path / "claims",
+                     binds={OUTPUTS: tmp_path / "outputs"})
+    assert (result.phase, result.retries, len(result.runs)) == (phase, runs - 1, runs)
+    assert {pod.exit_code for run in result.runs for pod in run} == {1}
 
 
 @pytest.mark.slow

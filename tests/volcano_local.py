@@ -373,10 +373,10 @@ def run_job(engine: str, job: dict[str, Any], network: str, claims: Path,
                 return result
             if action != "RestartJob":
                 raise UnsupportedPod(f"policy action {action} is not reproduced locally")
-            result.retries += 1
-            if result.retries >= max_retry:
+            if result.retries + 1 >= max_retry:  # Volcano's RetryCount after this restart
                 result.phase = "Failed"
                 return result
+            result.retries += 1
     finally:
         for pod in job_pods:
             subprocess.run([engine, "rm", "-f", pod.name], capture_output=True)
