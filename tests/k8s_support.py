@@ -83,25 +83,28 @@ def manifests(directory: Path = K8S_DIR) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def dryrun_args(component: str, j: str, trainer_args: tuple[str, ...], cfg: str = "",
-                path: Path | None = None) -> list[str]:
-    """``run --dryrun -s kubernetes`` arguments for a component (``path``: its file)."""
+                path: Path | None = None, options: tuple[str, ...] = ()) -> list[str]:
+    """``run --dryrun -s kubernetes`` arguments for a component (``path``: its file;
+    ``options``: the component's, e.g. ``("--max_retries", "2")``)."""
     args = ["run", "--dryrun", "-s", "kubernetes", "--workspace", ""]
     args += ["-cfg", cfg] if cfg else []
     where = path if path is not None else f"components/{component}.py"
-    return [*args, f"{where}:{component}", "-j", j, "--", *trainer_args]
+    return [*args, f"{where}:{component}", "-j", j, *options, "--", *trainer_args]
 
 
 @cache
-def _render_text(component: str, j: str, trainer_args: tuple[str, ...], cfg: str) -> str:
-    proc = torchx_cli(*dryrun_args(component, j, trainer_args, cfg), timeout=120)
+def _render_text(component: str, j: str, trainer_args: tuple[str, ...], cfg: str,
+                 options: tuple[str, ...]) -> str:
+    proc = torchx_cli(*dryrun_args(component, j, trainer_args, cfg, options=options), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     marker = "=== SCHEDULER REQUEST ==="
     assert marker in proc.stdout, proc.stdout[-2000:]
     return proc.stdout.split(marker, 1)[1]
 
 
-def render(component: str, j: str, trainer_args: list[str], cfg: str = "") -> dict[str, Any]:
-    """The Volcano Job ``torchx run --dryrun -s kubernetes`` prints for a repository component,
-    with the repository's .torchxconfig ``[kubernetes]`` profile plus ``-cfg cfg`` (a fresh
-    copy each call; the rendering is cached per arguments)."""
-    return yaml.safe_load(_render_text(component, j, tuple(trainer_args), cfg))
+def render(component: str, j: str, trainer_args: list[str], cfg: str = "",
+           options: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The Volcano Job ``torchx run --dryrun -s kubernetes`` prints for a repository component
+    (with component ``options``), with the repository's .torchxconfig ``[kubernetes]`` profile
+    plus ``-cfg cfg`` (a fresh copy each call; the rendering is cached per arguments)."""
+    return yaml.safe_load(_render_text(component, j, tuple(trainer_args), cfg, options))

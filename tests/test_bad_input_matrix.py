@@ -277,6 +277,21 @@ ROWS = [
     Row("kubernetes-node-shapes", "kubernetes", "ddp",
         "kubernetes: node_shapes='8cpu' is invalid: expected CPUS/MEMORY[/GPUS] items, e.g. "
         "node_shapes=8/32Gi;96/1100Gi/8", cfg="queue=q,node_shapes=8cpu"),
+    Row("kubernetes-grace-not-an-int", "kubernetes", "ddp",
+        "kubernetes: -cfg termination_grace_s=2m is not an int; pass e.g. termination_grace_s=1",
+        cfg="queue=q,termination_grace_s=2m"),
+    Row("kubernetes-grace-negative", "kubernetes", "fsdp",
+        "kubernetes: termination_grace_s=-30 is negative; pass the seconds a step plus a "
+        "checkpoint save take, e.g. termination_grace_s=300",
+        cfg="queue=q,termination_grace_s=-30"),
+    Row("kubernetes-grace-zero", "kubernetes", "ddp",
+        "kubernetes: termination_grace_s=0 kills an evicted or preempted pod at once, before the "
+        "trainers can save a checkpoint; pass the seconds a step plus a checkpoint save take, "
+        "e.g. termination_grace_s=300", cfg="queue=q,termination_grace_s=0"),
+    Row("kubernetes-grace-over-torchrun-shutdown", "kubernetes", "ddp",
+        "kubernetes: termination_grace_s=1200 exceeds torchrun's PET_SHUTDOWN_TIMEOUT=900, after "
+        "which it kills the trainers mid-save; lower termination_grace_s or pass --env "
+        "PET_SHUTDOWN_TIMEOUT=1200", cfg="queue=q,termination_grace_s=1200"),
 ]
 
 

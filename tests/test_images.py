@@ -10,6 +10,7 @@ three and under CI=true a skip fails.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -24,7 +25,8 @@ import pytest
 
 from components.containers import EngineError, find_engine, image_size, reference_error
 from tests.conftest import REPO, _env, torchx_cli
-from tests.volcano_local import pods, run_args, run_pods, scheduler_request
+from tests.test_faults import assert_same_run, without
+from tests.volcano_local import Eviction, pods, run_args, run_job, scheduler_request
 
 IMAGE = os.environ.get("TORCHX_TEMPLATES_IMAGE", "torchx-templates:cpu")
 OUTPUTS = "/opt/torchx-templates/outputs"
@@ -34,6 +36,10 @@ ONE_THREAD = ["--env", "OMP_NUM_THREADS=1"]
 TRAIN = ["--model", "tiny", "--batch-size", "8", "--steps", "8", "--warmup-steps", "2",
          "--eval-every", "0", "--log-every", "4", "--peak-tflops", "1",
          "--train-samples", "256", "--resume", "none"]
+# The rendered Kubernetes jobs train longer (steps of ~0.05 s): long enough to evict a pod
+# mid-run; --resume auto, so that a restarted job resumes.
+JOB_STEPS = 50
+JOB_TRAIN = [*without(TRAIN, "--steps", "--resume"), "--steps", str(JOB_STEPS), "--resume", "auto"]
 DOCKERFILES = sorted((REPO / "images").glob("*.Dockerfile"))
 
 
@@ -42,10 +48,10 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], text: str) -> None:
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
-def _trained(summary_file: Path, world_size: int) -> None:
+def _trained(summary_file: Path, world_size: int, steps: int = 8) -> None:
     summary = json.loads(summary_file.read_text())
     assert summary["world_size"] == world_size
-    assert summary["steps"] == 8
+    assert summary["steps"] == steps
     assert summary["final_loss"] < summary["first_loss"] - 0.3, summary
 
 
@@ -169,10 +175,11 @@ def test_local_docker_without_a_docker_api(tmp_path):
     _one_line_error(proc, f"local_docker: no Docker API at unix://{tmp_path}/docker.sock")
 
 
-def _render_kubernetes(*trainer_args: str) -> dict:
-    proc = torchx_cli("run", "--dryrun", "-s", "kubernetes", "-cfg", "queue=default",
+def _render_kubernetes(*trainer_args: str, cfg: str = "queue=default",
+                       options: tuple[str, ...] = ()) -> dict:
+    proc = torchx_cli("run", "--dryrun", "-s", "kubernetes", "-cfg", cfg,
                    "--workspace", "", "components/ddp.py:ddp", "-j", "2x1", "--image", IMAGE,
-                   *ONE_THREAD, "--", *trainer_args, timeout=120)
+                   *ONE_THREAD, *options, "--", *trainer_args, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return scheduler_request(proc.stdout)
 
@@ -192,6 +199,8 @@ def test_rendered_kubernetes_job_becomes_pods_with_volcano_names_and_env(tmp_pat
     assert re.search(r"--rdzv_endpoint \$\{VC_DDP_0_HOSTS:=localhost\}:\d+ ",
                      rendered[1].command[2])
     assert "shm" in [m.kind for m in rendered[0].mounts]  # /dev/shm, an emptyDir in memory
+    assert [(p.grace_s, p.policies) for p in rendered] == [
+        (300, {"PodEvicted": "TerminateJob", "PodFailed": "TerminateJob"})] * 2
 
 
 def _harden(job: dict) -> dict:
@@ -404,17 +413,79 @@ def test_local_docker_status_reports_restarts(docker_api, fail_first, restarts):
         _remove_containers(app_id)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("hardened", [False, True], ids=["as-rendered", "hardened"])
-def test_rendered_kubernetes_job_trains_as_containers(engine, tmp_path, hardened):
-    job = _render_kubernetes(*TRAIN)
-    if hardened:  # as the Kubernetes scheduler extension renders pods: the image must cope
-        job = _harden(job)
-    name = job["metadata"]["name"]
-    results = run_pods(engine, pods(job), f"volcano-{uuid.uuid4().hex[:8]}", tmp_path / "claims",
-                       binds={OUTPUTS: tmp_path / "outputs"})
-    for result in results:
-        assert result.exit_code == 0, f"{result.name}:\n{result.logs[-4000:]}"
-    summaries = sorted(tmp_path.rglob(f"{name}/summary.json"))
+def _train_as_pods(engine: str, job: dict, tmp: Path) -> Path:
+    """Run ``job``'s pods as containers to completion; the run directory they wrote."""
+    result = run_job(engine, job, f"volcano-{uuid.uuid4().hex[:8]}", tmp / "claims",
+                     binds={OUTPUTS: tmp / "outputs"})
+    for pod in result.runs[-1]:
+        assert pod.exit_code == 0, f"{pod.name}:\n{pod.logs[-4000:]}"
+    assert (result.phase, result.retries) == ("Completed", 0)
+    summaries = sorted(tmp.rglob(f"{job['metadata']['name']}/summary.json"))
     assert len(summaries) == 1, summaries
-    _trained(summaries[0], world_size=2)
+    return summaries[0].parent
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_job(engine, tmp_path_factory) -> Path:
+    """The run directory of JOB_TRAIN trained by the rendered job's pods, uninterrupted
+    (checked below; the reference of the preemption test)."""
+    job = _render_kubernetes(*JOB_TRAIN)
+    assert _harden(copy.deepcopy(job)) == job  # as a hardened render: the image must cope
+    return _train_as_pods(engine, job, tmp_path_factory.mktemp("uninterrupted"))
+
+
+@pytest.mark.slow
+def test_rendered_kubernetes_job_trains_as_containers(uninterrupted_job):
+    _trained(uninterrupted_job / "summary.json", world_size=2, steps=JOB_STEPS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_retries, phase, runs", [(0, "Terminated", 1), (1, "Failed", 2)])
+def test_failing_job_is_restarted_max_retries_times(engine, tmp_path, max_retries, phase, runs):
+    """Under the rendered policy a failed pod restarts the job --max_retries times, then the
+    job fails; at 0 the first failure ends it (TerminateJob)."""
+    job = _render_kubernetes(*TRAIN, options=("--max_retries", str(max_retries)))
+    for task in job["spec"]["tasks"]:
+        task["template"]["spec"]["containers"][0]["command"] = ["python3", "-c", "exit(1)"]
+    result = run_job(engine, job, f"volcano-{uuid.uuid4().hex[:8]}", tmp_path / "claims",
+                     binds={OUTPUTS: tmp_path / "outputs"})
+    assert (result.phase, result.retries, len(result.runs)) == (phase, runs - 1, runs)
+    assert {pod.exit_code for run in result.runs for pod in run} == {1}
+
+
+@pytest.mark.slow
+def test_evicted_pod_restarts_the_job_which_resumes_where_it_stopped(engine, tmp_path,
+                                                                    uninterrupted_job):
+    """One pod is evicted mid-run: ``<engine> stop`` with the rendered grace period (SIGTERM,
+    SIGKILL after it), as the kubelet ends it. The rendered policy (PodEvicted -> RestartJob,
+    --max_retries 1) stops the other pod the same way; the trainers save the step they are in
+    and exit; the job starts again, resumes from that step (at most one step lost) and ends
+    as the uninterrupted run does (fp32: losses and final weights within 1e-6 relative)."""
+    job = _render_kubernetes(*JOB_TRAIN, cfg="queue=default,termination_grace_s=60",
+                             options=("--max_retries", "1"))
+    name = job["metadata"]["name"]
+    assert [p.grace_s for p in pods(job)] == [60, 60]
+    run_dir = tmp_path / "claims" / "torchx-outputs" / name  # .torchxconfig's checkpoint_pvc
+    metrics = run_dir / "metrics.jsonl"
+
+    def mid_run() -> bool:
+        return metrics.exists() and len(metrics.read_text().splitlines()) >= 3
+
+    result = run_job(engine, job, f"volcano-{uuid.uuid4().hex[:8]}", tmp_path / "claims",
+                     binds={OUTPUTS: tmp_path / "outputs"},
+                     eviction=Eviction(f"{name}-ddp-1-0", mid_run))
+    logs = "\n".join(pod.logs[-3000:] for run in result.runs for pod in run)
+    assert (result.phase, result.retries, len(result.runs)) == ("Completed", 1, 2), logs
+    first = "\n".join(pod.logs for pod in result.runs[0])
+    saved = re.search(r"preempted by SIGTERM after step (\d+): saved", first)
+    assert saved is not None and 3 <= int(saved[1]) < JOB_STEPS, logs
+    assert all(pod.exit_code != 0 for pod in result.runs[0]), logs
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_step"] == int(saved[1]) and summary["steps_lost"] <= 1, summary
+    stop_s = result.stopped_at - result.evicted_at
+    assert stop_s < 60, stop_s  # the pods exited on SIGTERM, not at SIGKILL after 60 s
+    assert_same_run(run_dir, uninterrupted_job, tmp_path)
+    print(f"evicted after step {saved[1]}: steps lost {summary['steps_lost']}; pods exited "
+          f"({', '.join(str(pod.exit_code) for pod in result.runs[0])}) "
+          f"{stop_s:.1f} s and were running again {result.restarted_at - result.evicted_at:.1f} "
+          "s after the SIGTERM")

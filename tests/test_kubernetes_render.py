@@ -8,6 +8,7 @@ import re
 import pytest
 
 from components.schedulers.k8s_pod import HOME_DIR, OUTPUTS_DIR, USER_ID
+from components.schedulers.k8s_preemption import DEFAULT_TERMINATION_GRACE_S
 from tests.k8s_support import pod_of, render, validate_core, validate_volcano
 
 TRAINER_ARGS = {
@@ -39,7 +40,14 @@ def test_component_renders_valid_hardened_job(component, j, nodes, min_nodes):
     assert "svc" in job["spec"]["plugins"]
     if min_nodes < nodes:
         assert [t["minAvailable"] for t in tasks] == [1] * min_nodes + [0] * (nodes - min_nodes)
+    # --max_retries 0: a lost pod ends the job (its checkpoint stays on the claim)
+    assert job["spec"]["maxRetry"] == 1
+    assert job["spec"]["policies"] == [{"event": "PodEvicted", "action": "TerminateJob"},
+                                       {"event": "PodFailed", "action": "TerminateJob"}]
     for task in tasks:
+        assert "policies" not in task and "maxRetry" not in task
+        assert task["template"]["spec"]["terminationGracePeriodSeconds"] == \
+            DEFAULT_TERMINATION_GRACE_S
         pod = pod_of(job, task)
         validate_core(pod)
         spec, container = pod["spec"], pod["spec"]["containers"][0]
@@ -121,6 +129,26 @@ def test_pod_options_are_rendered():
             "claimName": "ckpt"}
         assert OUTPUTS_DIR not in mounts
         assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"]["sizeLimit"] == "512Mi"
+
+
+@pytest.mark.parametrize("component", ["ddp", "pipeline"])
+def test_preempted_or_lost_pod_restarts_the_job_max_retries_times(component):
+    """--max_retries 2: an evicted (preempted) or failed pod restarts the whole job, which
+    Volcano does twice with maxRetry 3 (it counts the restart it is about to make); every pod
+    gets termination_grace_s to save its checkpoint."""
+    job = render(component, "2x2", TRAINER_ARGS[component], cfg="termination_grace_s=120",
+                 options=("--max_retries", "2"))
+    validate_volcano(job)
+    assert job["spec"]["maxRetry"] == 3
+    assert job["spec"]["policies"] == [{"event": "PodEvicted", "action": "RestartJob"},
+                                       {"event": "PodFailed", "action": "RestartJob"}]
+    for task in job["spec"]["tasks"]:
+        assert "policies" not in task and "maxRetry" not in task  # the job's policies apply
+        pod = pod_of(job, task)
+        validate_core(pod)
+        assert pod["spec"]["terminationGracePeriodSeconds"] == 120
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["PET_SHUTDOWN_TIMEOUT"] == "900"  # torchrun waits longer than the grace
 
 
 def test_writable_root_drops_the_scratch_volumes_and_keeps_the_rest_hardened():

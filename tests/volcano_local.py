@@ -18,12 +18,23 @@ ReadWriteMany volume, made writable for any uid in place of ``fsGroup``). Resour
 limits and the svc plugin's /etc/volcano host files are not reproduced; any other volume kind,
 ``subPath``, env ``valueFrom`` other than the pod's name and namespace, or more than one
 container raises UnsupportedPod.
+
+:func:`run_job` also applies the Job's lifecycle policies as Volcano's job controller does: a
+pod that exits non-zero is the event PodFailed, :class:`Eviction` (``<engine> stop`` with the
+pod's ``terminationGracePeriodSeconds``: SIGTERM, then SIGKILL, as the kubelet ends a deleted
+pod) is PodEvicted; the action a task's policies (else the job's) give the event runs:
+``RestartJob`` stops every pod with its grace period and starts them all again, failing the
+job instead once the restarts reach ``maxRetry`` (Volcano counts the restart it is about to
+make); ``TerminateJob``, ``AbortJob`` and ``CompleteJob`` stop every pod and end the job. An
+event without a policy changes nothing (an evicted pod is not created again on its own).
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +42,10 @@ from typing import Any
 import yaml
 
 REQUEST_MARKER = "=== SCHEDULER REQUEST ==="
+# Kubernetes' terminationGracePeriodSeconds and Volcano's maxRetry when the job sets none.
+DEFAULT_GRACE_S = 30
+DEFAULT_MAX_RETRY = 3
+ENDING_ACTIONS = {"TerminateJob": "Terminated", "AbortJob": "Aborted", "CompleteJob": "Completed"}
 
 
 class UnsupportedPod(ValueError):
@@ -62,6 +77,8 @@ class Pod:
     user: str | None = None
     run_as_non_root: bool = False
     mounts: list[Mount] = field(default_factory=list)
+    grace_s: int = DEFAULT_GRACE_S
+    policies: dict[str, str] = field(default_factory=dict)  # event -> action
 
 
 def scheduler_request(dryrun_output: str) -> dict[str, Any]:
@@ -129,6 +146,18 @@ def _mounts(spec: dict[str, Any], container: dict[str, Any]) -> list[Mount]:
     return mounts
 
 
+def _policies(*levels: list[dict[str, Any]]) -> dict[str, str]:
+    """event -> action of the given policy lists, the first list's first (a task's policies
+    are Volcano's before the job's)."""
+    actions: dict[str, str] = {}
+    for policy in (p for level in reversed(levels) for p in reversed(level)):
+        if "exitCode" in policy:
+            raise UnsupportedPod("exitCode policies are not reproduced locally")
+        for event in policy.get("events") or [policy["event"]]:
+            actions[event] = policy["action"]
+    return actions
+
+
 def pods(job: dict[str, Any]) -> list[Pod]:
     """Every task replica of ``job`` as a Pod, with the svc and env plugins' names and env."""
     job_name = job["metadata"]["name"]
@@ -148,6 +177,7 @@ def pods(job: dict[str, Any]) -> list[Pod]:
                                  "reproduced locally")
         container = spec["containers"][0]
         read_only, user, non_root = _security(spec, container)
+        policies = _policies(task.get("policies") or [], job["spec"].get("policies") or [])
         for index in range(task["replicas"]):
             name = f"{job_name}-{task['name']}-{index}"
             env = dict(hosts_env)
@@ -158,7 +188,9 @@ def pods(job: dict[str, Any]) -> list[Pod]:
                 name=name, fqdn=f"{name}.{job_name}", image=container["image"],
                 command=[*(container.get("command") or []), *(container.get("args") or [])],
                 env=env, working_dir=container.get("workingDir"), read_only_root=read_only,
-                user=user, run_as_non_root=non_root, mounts=_mounts(spec, container)))
+                user=user, run_as_non_root=non_root, mounts=_mounts(spec, container),
+                grace_s=spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S),
+                policies=policies))
     return result
 
 
@@ -226,32 +258,125 @@ class PodResult:
     logs: str
 
 
-def run_pods(engine: str, job_pods: list[Pod], network: str, claims: Path,
-             binds: dict[str, Path] | None = None, timeout: float = 600) -> list[PodResult]:
-    """Start every pod on a fresh ``network``, wait for all, and return their exit codes and
-    logs; containers and network are removed afterwards. ``claims`` and ``binds`` as in
-    :func:`run_args`; their host directories are made writable for the pods' users."""
+@dataclass(frozen=True)
+class Eviction:
+    """Evict pod ``pod`` in the job's first run once ``ready()`` is true (asked every 0.2 s)."""
+
+    pod: str
+    ready: Callable[[], bool]
+
+
+@dataclass
+class JobResult:
+    """How a job ended: Volcano's ``phase`` (Completed, Failed, Terminated, Aborted), its
+    restarts, each run's pods, and (monotonic seconds) when the eviction came, when that run's
+    pods had all exited, and when the next run's pods were started."""
+
+    phase: str
+    retries: int = 0
+    runs: list[list[PodResult]] = field(default_factory=list)
+    evicted_at: float | None = None
+    stopped_at: float | None = None
+    restarted_at: float | None = None
+
+
+def _prepare(engine: str, job_pods: list[Pod], claims: Path, binds: dict[str, Path]) -> None:
     for pod in job_pods:
         check_non_root(engine, pod)
         for mount in pod.mounts:
             if mount.kind == "claim":
                 (claims / mount.source).mkdir(parents=True, exist_ok=True)
                 (claims / mount.source).chmod(0o777)
-    for host in (binds or {}).values():
+    for host in binds.values():
         host.mkdir(parents=True, exist_ok=True)
         host.chmod(0o777)
+
+
+def _exited(engine: str, job_pods: list[Pod]) -> dict[str, int]:
+    """Exit code of each pod whose container has exited."""
+    out = subprocess.run([engine, "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}",
+                          *[p.name for p in job_pods]], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    return {pod.name: int(line.split()[1]) for pod, line in zip(job_pods, out, strict=True)
+            if line.split()[0] in ("exited", "stopped")}
+
+
+def _stop(engine: str, job_pods: list[Pod]) -> None:
+    """Stop every pod at once, each with its grace period (SIGTERM, SIGKILL after it)."""
+    procs = [subprocess.Popen([engine, "stop", "-t", str(p.grace_s), p.name],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for p in job_pods]
+    for proc in procs:
+        proc.wait()
+
+
+def _run_once(engine: str, job_pods: list[Pod], eviction: Eviction | None, deadline: float,
+              result: JobResult) -> str | None:
+    """Watch the started pods until all have exited (None) or an event has a policy; then
+    return its action (the pods still run, the evicted one too)."""
+    by_name = {p.name: p for p in job_pods}
+    while time.monotonic() < deadline:
+        if eviction is not None and result.evicted_at is None and eviction.ready():
+            result.evicted_at = time.monotonic()
+            pod = by_name[eviction.pod]
+            if "PodEvicted" in pod.policies:  # every pod is stopped for the action
+                return pod.policies["PodEvicted"]
+            _stop(engine, [pod])
+        exited = _exited(engine, job_pods)
+        for name, code in exited.items():
+            if code != 0 and "PodFailed" in by_name[name].policies:
+                return by_name[name].policies["PodFailed"]
+        if len(exited) == len(job_pods):
+            return None
+        time.sleep(0.2)
+    raise TimeoutError("the job's pods did not finish in time")
+
+
+def run_job(engine: str, job: dict[str, Any], network: str, claims: Path,
+            binds: dict[str, Path] | None = None, timeout: float = 600,
+            eviction: Eviction | None = None) -> JobResult:
+    """Run the pods of Volcano Job ``job`` on a fresh ``network`` under its lifecycle policies
+    (module docstring) until it ends; ``eviction`` evicts one pod of the first run. Containers
+    and network are removed afterwards. ``claims`` and ``binds`` as in :func:`run_args`; their
+    host directories are made writable for the pods' users."""
+    job_pods = pods(job)
+    max_retry = job["spec"].get("maxRetry") or DEFAULT_MAX_RETRY
+    _prepare(engine, job_pods, claims, binds or {})
+    deadline = time.monotonic() + timeout
+    result = JobResult(phase="Running")
     subprocess.run([engine, "network", "create", network], check=True, capture_output=True)
     try:
-        for pod in job_pods:
-            subprocess.run(run_args(engine, pod, network, claims, binds), check=True,
-                           capture_output=True, text=True)
-        results = []
-        for pod in job_pods:
-            code = subprocess.run([engine, "wait", pod.name], capture_output=True, text=True,
-                                  timeout=timeout, check=True).stdout.strip()
-            logs = subprocess.run([engine, "logs", pod.name], capture_output=True, text=True)
-            results.append(PodResult(pod.name, int(code), logs.stdout + logs.stderr))
-        return results
+        while True:
+            for pod in job_pods:
+                subprocess.run(run_args(engine, pod, network, claims, binds), check=True,
+                               capture_output=True, text=True)
+            if result.evicted_at is not None and result.restarted_at is None:
+                result.restarted_at = time.monotonic()
+            action = _run_once(engine, job_pods, eviction if not result.runs else None,
+                               deadline, result)
+            if action is not None:
+                _stop(engine, job_pods)
+            if result.evicted_at is not None and result.stopped_at is None:
+                result.stopped_at = time.monotonic()
+            codes = _exited(engine, job_pods)
+            run = []
+            for pod in job_pods:
+                logs = subprocess.run([engine, "logs", pod.name], capture_output=True, text=True)
+                run.append(PodResult(pod.name, codes[pod.name], logs.stdout + logs.stderr))
+                subprocess.run([engine, "rm", "-f", pod.name], capture_output=True)
+            result.runs.append(run)
+            if action is None:
+                result.phase = "Completed" if all(r.exit_code == 0 for r in run) else "Failed"
+                return result
+            if action in ENDING_ACTIONS:
+                result.phase = ENDING_ACTIONS[action]
+                return result
+            if action != "RestartJob":
+                raise UnsupportedPod(f"policy action {action} is not reproduced locally")
+            if result.retries + 1 >= max_retry:  # Volcano's RetryCount after this restart
+                result.phase = "Failed"
+                return result
+            result.retries += 1
     finally:
         for pod in job_pods:
             subprocess.run([engine, "rm", "-f", pod.name], capture_output=True)

@@ -3,9 +3,10 @@
 :func:`customize_pod` takes one task's pod template as plain data (what the Kubernetes client's
 ``sanitize_for_serialization`` gives) and a :class:`PodOptions`, and returns the new template:
 hardened security context, writable volumes where training writes under a read-only root file
-system, a sized /dev/shm, the checkpoint claim, secrets, scheduling constraints and image pull
-secrets. It raises :class:`components.launch.ComponentArgumentError` (one line) for a template
-the options cannot serve.
+system, a sized /dev/shm, the checkpoint claim, secrets, scheduling constraints, image pull
+secrets and the termination grace period (:mod:`components.schedulers.k8s_preemption`). It
+raises :class:`components.launch.ComponentArgumentError` (one line) for a template the options
+cannot serve.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from components.errors import ComponentArgumentError
 from components.schedulers.k8s_options import NodeShape, SecretEnv, check_subdomain, parse_quantity
+from components.schedulers.k8s_preemption import DEFAULT_TERMINATION_GRACE_S
 
 # The image's layout (images/): the repository at WORKDIR, a numeric non-root user, its HOME.
 WORKDIR = "/opt/torchx-templates"
@@ -40,6 +42,7 @@ class PodOptions:
     secret_env: list[SecretEnv] = field(default_factory=list)
     secret_volumes: list[tuple[str, str]] = field(default_factory=list)
     image_pull_secrets: list[str] = field(default_factory=list)
+    termination_grace_s: int = DEFAULT_TERMINATION_GRACE_S
 
 
 def pod_security_context() -> dict[str, Any]:
@@ -136,6 +139,7 @@ def customize_pod(template: Pod, opts: PodOptions) -> Pod:
     if opts.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": name} for name in opts.image_pull_secrets]
     spec["automountServiceAccountToken"] = False
+    spec["terminationGracePeriodSeconds"] = opts.termination_grace_s
     spec["securityContext"] = pod_security_context()
     container["securityContext"] = container_security_context(opts.read_only_root_fs)
     return pod

@@ -3,8 +3,11 @@
 Registered as ``kubernetes`` under the ``torchx.schedulers`` entry points (pyproject.toml), so
 ``torchx run -s kubernetes`` uses it. It adds run options (``torchx runopts kubernetes``) for
 node selectors, tolerations, secrets, the checkpoint claim, /dev/shm size, image pull secrets,
-node shapes and the read-only root file system, and post-processes the Volcano Job that TorchX
-renders: every pod gets the hardened security context of :mod:`components.schedulers.k8s_pod`.
+node shapes, the read-only root file system and the termination grace period, and post-processes
+the Volcano Job that TorchX renders: every pod gets the hardened security context of
+:mod:`components.schedulers.k8s_pod`, and the job the restart policy of
+:mod:`components.schedulers.k8s_preemption` (an evicted or failed pod restarts the whole job, at
+most ``--max_retries`` times).
 Bad options raise :class:`components.launch.ComponentArgumentError` before anything is
 submitted; ``torchx run`` prints that one line and exits 1.
 
@@ -34,6 +37,12 @@ from torchx.specs.api import CfgVal
 from components.errors import ComponentArgumentError
 from components.schedulers import k8s_options as opt
 from components.schedulers.k8s_pod import OUTPUTS_DIR, PodOptions, check_fits, customize_pod
+from components.schedulers.k8s_preemption import (
+    DEFAULT_TERMINATION_GRACE_S,
+    TERMINATION_GRACE_HELP,
+    check_termination_grace,
+    restart_policy,
+)
 from components.schedulers.run_options import StrictRunOptions
 from components.torchx_compat import replace_cfg
 
@@ -62,6 +71,7 @@ _EXTRA_OPTS: list[tuple[str, Any, CfgVal, str]] = [
     ("node_shapes", LIST, None,
      "CPUS/MEMORY[/GPUS] of the cluster's nodes, e.g. 8/32Gi;96/1100Gi/8: a job whose pods "
      "fit none is refused before submission"),
+    ("termination_grace_s", int, DEFAULT_TERMINATION_GRACE_S, TERMINATION_GRACE_HELP),
 ]
 
 
@@ -70,9 +80,14 @@ def _list(cfg: Mapping[str, Any], key: str) -> list[str]:
     return [v for v in (cfg.get(key) or []) if v]
 
 
-def pod_options(cfg: KubernetesOpts) -> PodOptions:
-    """The run options of ``cfg`` parsed and checked into :class:`PodOptions`."""
+def pod_options(cfg: KubernetesOpts, app: AppDef) -> PodOptions:
+    """The run options of ``cfg`` parsed and checked into :class:`PodOptions` for the pods of
+    ``app``."""
     raw = cast(dict[str, Any], cfg)
+    grace = raw.get("termination_grace_s")
+    grace = DEFAULT_TERMINATION_GRACE_S if grace is None else grace
+    for role in app.roles:
+        check_termination_grace(grace, role.env.get("PET_SHUTDOWN_TIMEOUT"))
     shm_size = raw.get("shm_size") or DEFAULT_SHM_SIZE
     claim, path = (opt.parse_pvc(raw["checkpoint_pvc"], OUTPUTS_DIR) if raw.get("checkpoint_pvc")
                    else (None, OUTPUTS_DIR))
@@ -88,6 +103,7 @@ def pod_options(cfg: KubernetesOpts) -> PodOptions:
         secret_volumes=opt.parse_secret_volumes(_list(raw, "secret_volumes")),
         image_pull_secrets=[opt.check_subdomain("image_pull_secrets", s)
                             for s in _list(raw, "image_pull_secrets")],
+        termination_grace_s=grace,
     )
 
 
@@ -156,7 +172,7 @@ class KubernetesScheduler(StrictRunOptions, _TorchXKubernetes):
 
     def _submit_dryrun(self, app: AppDef, cfg: KubernetesOpts) -> AppDryRunInfo[KubernetesJob]:
         check_cfg_names(cfg)
-        pods = pod_options(cfg)
+        pods = pod_options(cfg, app)
         shapes = opt.parse_node_shapes(_list(cast(Mapping[str, Any], cfg), "node_shapes"))
         for role in app.roles:
             r = role.resource
@@ -167,6 +183,10 @@ class KubernetesScheduler(StrictRunOptions, _TorchXKubernetes):
         check_job_names(job)
         for task in job["spec"]["tasks"]:
             task["template"] = customize_pod(task["template"], pods)
+            # TorchX's per-task policies and maxRetry give way to the job's (restart_policy)
+            task.pop("policies", None)
+            task.pop("maxRetry", None)
+        job["spec"].update(restart_policy(min(role.max_retries for role in app.roles)))
         if cfg.get("validate_spec"):
             self._validate_on_server(job, cast(str, cfg.get("namespace") or "default"))
         request = KubernetesJob(images_to_push=base.request.images_to_push, resource=job)
