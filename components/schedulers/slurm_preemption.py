@@ -24,6 +24,7 @@ from components.errors import ComponentArgumentError
 
 SIGNAL = "USR1"
 MAX_GRACE = 65535  # sbatch --signal: sig_time is 0..65535 seconds
+EARLY = 60  # s: Slurm may send the signal up to this much before the grace (sbatch(1))
 
 # TorchX's job script runs the job's one srun in the foreground between these two lines, where
 # a trap runs only after srun has ended; 0.7.0 and main write the same.
@@ -36,7 +37,11 @@ forwarded=
 srun_pid=
 forward() {{  # forward the batch shell's SIG{SIGNAL} to srun, once
     if [ -z "$preempted" ]; then preempted=SIG{SIGNAL}; fi
-    if [ -n "$srun_pid" ] && [ -z "$forwarded" ]; then forwarded=1; kill -{SIGNAL} "$srun_pid"; fi
+    if [ -n "$srun_pid" ] && [ -z "$forwarded" ]; then
+        forwarded=1
+        echo "torchx: SIG{SIGNAL} at $(date -u +%H:%M:%S): forwarded to the tasks, which save"
+        kill -{SIGNAL} "$srun_pid"
+    fi
 }}
 trap forward {SIGNAL}
 trap 'echo "torchx: SIGTERM: Slurm signals every task itself; waiting for them to save"' TERM
@@ -50,7 +55,8 @@ exitcode=$?
 """
 _REQUEUE = """
 if [ -n "$preempted" ] && [ "$exitcode" -ne 0 ]; then
-    echo "torchx: job $SLURM_JOB_ID saved on $preempted; requeueing it to resume from there"
+    echo "torchx: job $SLURM_JOB_ID saved on $preempted; requeued at $(date -u +%H:%M:%S)" \
+         "to resume from there"
     scontrol requeue "$SLURM_JOB_ID"
     exit "$exitcode"
 fi"""
@@ -62,17 +68,21 @@ def sbatch_signal(grace: int) -> str:
 
 
 def check_signal_grace(grace: int, seconds: float, source: str) -> None:
-    """Raise ComponentArgumentError unless ``grace`` seconds fit sbatch's range and lie below
-    the job's time limit of ``seconds`` (``inf``: none known), which ``source`` names
-    (``time=30``, or the partition's limit)."""
+    """Raise ComponentArgumentError unless ``grace`` seconds fit sbatch's range and, with the
+    60 s by which Slurm may signal early, lie below the job's time limit of ``seconds``
+    (``inf``: none known), which ``source`` names (``time=30``, or the partition's limit).
+    A grace that is not is signalled at (or before) the attempt's start: it would train
+    nothing, and requeue itself for ever."""
     if not 1 <= grace <= MAX_GRACE:
         raise ComponentArgumentError(
             f"slurm: signal_grace={grace} is not between 1 and {MAX_GRACE} seconds (sbatch "
             "--signal's range); pass e.g. signal_grace=300")
-    if grace >= seconds:
+    if grace + EARLY >= seconds:
         raise ComponentArgumentError(
             f"slurm: signal_grace={grace} is not below the job's time limit ({source}, "
-            f"{seconds:.0f} s); pass -cfg signal_grace=<fewer seconds> or a longer -cfg time")
+            f"{seconds:.0f} s) less the {EARLY} s by which Slurm may signal early; pass "
+            f"-cfg signal_grace=<at most {max(int(seconds) - EARLY - 1, 0)}> or a longer "
+            "-cfg time")
 
 
 def requeue_on_signal(script: str) -> str:
