@@ -1,6 +1,7 @@
 """Every component on a real Slurm cluster through ``torchx run -s slurm`` (our extended
 scheduler, components/schedulers/slurm.py): on one node and across two, status, logs,
-cancel, a failing job, requeue with resume, and the bad options refused before submission.
+cancel, a failing job, requeue with resume, preemption and time limits (``signal_grace``), and
+the bad options refused before submission.
 
 The cluster is the one ``.ci/slurm-up`` starts (partition ``debug``, nodes tt-node1 and
 tt-node2). Without it the cluster tests skip (in CI a skip fails); the option parsing and
@@ -498,6 +499,25 @@ def test_job_dir_holds_the_sources_snapshot_only(requeued_job):
     assert size < 5 * 2**20, f"{size / 2**20:.1f} MiB in {len(snapshot)} files"
 
 
+def test_signal_grace_renders_signal_trap_and_requeue(slurm_cluster, tmp_path):
+    """Every heterogeneous component asks for the signal; the script traps it, runs srun in the
+    background and requeues after it; torchrun's signal list travels whole (srun --export would
+    split it at its commas)."""
+    proc = torchx("run", "--dryrun", "-s", "slurm", "--workspace", "", "-cfg",
+                  "partition=debug,time=1:00:00,signal_grace=300",
+                  str(REPO / "components" / "ddp.py") + ":ddp", "-j", "2x1", "--",
+                  *trainer_args(), cwd=tmp_path)
+    script = proc.stdout.split("=== SCHEDULER REQUEST ===", 1)[1]
+    groups = [line for line in script.splitlines() if line.startswith("#SBATCH --job-name")]
+    assert len(groups) == 2 and all("--signal=B:USR1@300" in g.split() for g in groups), groups
+    trap, srun, requeue = (script.index(s) for s in ("trap forward USR1", "\nsrun ",
+                                                     'scontrol requeue "$SLURM_JOB_ID"'))
+    assert trap < srun < requeue and "' &\nsrun_pid=$!" in script
+    assert script.count(" env PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 "
+                        "bash -c ") == 2
+    assert "--export=ALL" in script and ",PET_SIGNALS_TO_HANDLE" not in script
+
+
 def test_dry_run_writes_nothing(slurm_cluster, tmp_path):
     """``torchx run --dryrun`` with the repository's profile (job_dir=slurm-jobs) and a
     workspace: the request names the job's directory, nothing is created or changed."""
@@ -614,8 +634,14 @@ def test_each_requeue_loses_at_most_one_step(preempted_job):
                                                  r"resumed from \S+ at step (\d+)")] == [step]
         lost = [int(m.group(1)) for m in _logged(cwd, handle, attempt, r"steps_lost=(\d+)")]
         assert lost and max(lost) <= 1, (attempt, lost)
+    app_id = handle.rsplit("/", 1)[-1]
+    errors = [attempts_of((job_dir(cwd, handle) / f"slurm-{app_id}-ddp-{k}.err").read_text())
+              for k in (0, 1)]
     for attempt in (1, 2):
         assert _logged(cwd, handle, attempt, r"got SIGUSR1: saving at the end of this step")
+        # torchrun caught SIGUSR1 (PET_SIGNALS_TO_HANDLE arrived whole) instead of dying of it
+        assert all(any("Received 10 death signal" in line for line in log[attempt])
+                   for log in errors), attempt
     result = summary(cwd, handle)
     assert (result["restarts"], result["resumed_from_step"]) == (2, saved[1]), result
     assert result["steps_lost"] <= 1 and result["preempted"] is None, result

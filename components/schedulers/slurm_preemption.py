@@ -5,10 +5,11 @@ already asks for ``--requeue``): Slurm sends SIGUSR1 to the batch shell N second
 job's time limit (up to 60 s earlier: Slurm checks time limits every 30 s), and an operator
 sends the same with ``scancel --batch --signal=USR1 <id>``. The job script
 (:func:`requeue_on_signal`) runs srun in the background so that its trap runs at once, forwards
-the signal once to srun (which forwards it to every task: torchrun, which forwards it to the
-trainers; they finish their step, save it and exit ``128 + 10``), waits for the tasks, and
-requeues the job (``scontrol requeue``). The job keeps its id, so its next attempt runs in the
-same job directory and resumes from that checkpoint (``--resume auto`` in ``outputs/<id>``).
+the signal once to srun (whose slurmstepd signals every process of the step: torchrun, which
+forwards it again, and the trainers, which finish their step, save it and exit ``128 + 10``),
+waits for the tasks, and requeues the job (``scontrol requeue``). The job keeps its id, so its
+next attempt runs in the same job directory and resumes from that checkpoint (``--resume auto``
+in ``outputs/<id>``).
 
 ``B:`` (the batch shell only) because the script must know the job was signalled, to requeue it;
 without ``B:`` Slurm signals the tasks only and the script sees a failed srun. SIGTERM (scancel,
