@@ -39,11 +39,14 @@ def torchx(*args: str, cwd: Path, env: dict[str, str] | None = None, check: bool
     return proc
 
 
-def submit(cwd: Path, component: str, j: str, args: list[str], *options: str) -> str:
-    """``torchx run -s slurm`` with the repository as workspace and ``options`` for the
-    component (e.g. --max_retries 1); returns the app handle."""
+def submit(cwd: Path, component: str, j: str, args: list[str], *options: str,
+           cfg: str = "") -> str:
+    """``torchx run -s slurm`` with the repository as workspace, ``options`` for the
+    component (e.g. --max_retries 1) and ``cfg`` added to the run options; returns the app
+    handle."""
     proc = torchx("run", "-s", "slurm", "--workspace", f"file://{REPO}",
-                  "-cfg", f"partition=debug,time=15,job_dir={cwd / 'jobs'}",
+                  "-cfg", f"partition=debug,time=15,job_dir={cwd / 'jobs'}"
+                  + (f",{cfg}" if cfg else ""),
                   str(REPO / "components" / f"{component}.py") + f":{component}", "-j", j,
                   *options, "--", *args, cwd=cwd)
     handle = re.search(r"^slurm://\S+$", proc.stdout, re.M)

@@ -242,6 +242,9 @@ ROWS = [
     Row("slurm-bool-not-a-bool", "slurm", "ddp",
         "slurm: -cfg exclusive=yes is not a bool; pass exclusive=True or exclusive=False",
         cfg="exclusive=yes"),
+    Row("slurm-signal-grace-not-seconds", "slurm", "ddp",
+        "slurm: -cfg signal_grace=5m is not an int; pass e.g. signal_grace=1",
+        cfg="signal_grace=5m"),
     Row("kubernetes-misspelt-namespace", "kubernetes", "ddp",
         "kubernetes: -cfg namepsace=team-a: kubernetes has no run option namepsace; did you mean "
         "namespace? (`torchx runopts kubernetes` lists them)", cfg="queue=q,namepsace=team-a"),

@@ -1,6 +1,7 @@
 """Every component on a real Slurm cluster through ``torchx run -s slurm`` (our extended
 scheduler, components/schedulers/slurm.py): on one node and across two, status, logs,
-cancel, a failing job, requeue with resume, and the bad options refused before submission.
+cancel, a failing job, requeue with resume, preemption and time limits (``signal_grace``), and
+the bad options refused before submission.
 
 The cluster is the one ``.ci/slurm-up`` starts (partition ``debug``, nodes tt-node1 and
 tt-node2). Without it the cluster tests skip (in CI a skip fails); the option parsing and
@@ -13,6 +14,7 @@ import math
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -159,6 +161,13 @@ BAD_OPTIONS = [
      "feature specification); use -cfg options and -j/--gpu/--memMB sizes this cluster "
      "accepts (torchx runopts slurm lists the options, sinfo -N -l the nodes)"),
 ]
+# Without -cfg time (tests/test_bad_input_matrix.py gives every Slurm row time=15).
+BAD_OPTIONS_WITHOUT_TIME = [
+    ("signal_grace=7200", "ddp", "1x2",
+     "slurm: signal_grace=7200 is not below the job's time limit (partition debug's MaxTime "
+     "02:00:00, as no -cfg time is given, 7200 s) less the 60 s by which Slurm may signal "
+     "early; pass -cfg signal_grace=<at most 7139> or a longer -cfg time"),
+]
 BAD_OPTIONS_ANYWHERE = [
     ("time=1h", "ddp", "1x2",
      "slurm: time=1h is not a Slurm time limit; use minutes (30), HH:MM:SS (2:00:00) or "
@@ -166,6 +175,13 @@ BAD_OPTIONS_ANYWHERE = [
     ("job_dir=/proc/jobs", "ddp", "1x2",
      "slurm: job_dir=/proc/jobs cannot be written (/proc: a proc file system); "
      "pass -cfg job_dir=<a directory you can write>"),
+    ("time=2,signal_grace=60", "ddp", "1x2",
+     "slurm: signal_grace=60 is not below the job's time limit (time=2, 120 s) less the 60 s "
+     "by which Slurm may signal early; pass -cfg signal_grace=<at most 59> or a longer "
+     "-cfg time"),
+    ("signal_grace=0", "ddp", "1x2",
+     "slurm: signal_grace=0 is not between 1 and 65535 seconds (sbatch --signal's range); "
+     "pass e.g. signal_grace=300"),
 ]
 
 
@@ -183,7 +199,7 @@ def _refused(tmp_path: Path, cfg: str, component: str, j: str, message: str) -> 
     assert not (tmp_path / "jobs").exists()  # not even the parent of the job's directory
 
 
-@pytest.mark.parametrize("cfg, component, j, message", BAD_OPTIONS)
+@pytest.mark.parametrize("cfg, component, j, message", BAD_OPTIONS + BAD_OPTIONS_WITHOUT_TIME)
 def test_bad_option_refused_before_submission(slurm_cluster, tmp_path, cfg, component, j,
                                               message):
     _refused(tmp_path, cfg, component, j, " " + message)
@@ -446,6 +462,20 @@ def test_log_shows_every_attempts_training_lines_by_default(requeued_job):
 
 
 @pytest.mark.slow
+def test_requeued_job_resumes_where_it_was_stopped(requeued_job):
+    """``scontrol requeue`` (the path Slurm's preemption takes) sends every process SIGTERM and
+    waits KillWait: the ranks save the step they were in, and the next attempt resumes there,
+    without ``signal_grace``."""
+    cwd, handle = requeued_job["cwd"], requeued_job["handle"]
+    attempts = attempts_of(torchx("log", f"{handle}/ddp/0", cwd=cwd).stdout)
+    saved = [int(m.group(1)) for line in attempts[1]
+             if (m := re.search(r"preempted by SIGTERM after step (\d+): saved", line))]
+    resumed = [int(m.group(1)) for line in attempts[2]
+               if (m := re.search(r"resumed from \S+ at step (\d+)", line))]
+    assert len(saved) == 1 and resumed == saved, (saved, resumed)
+
+
+@pytest.mark.slow
 def test_job_dir_holds_the_sources_snapshot_only(requeued_job):
     """The snapshot is made at submission and trains; it has the sources, none of the
     virtualenvs, git, earlier jobs, outputs or downloaded wheels of the workspace."""
@@ -469,6 +499,25 @@ def test_job_dir_holds_the_sources_snapshot_only(requeued_job):
     assert size < 5 * 2**20, f"{size / 2**20:.1f} MiB in {len(snapshot)} files"
 
 
+def test_signal_grace_renders_signal_trap_and_requeue(slurm_cluster, tmp_path):
+    """Every heterogeneous component asks for the signal; the script traps it, runs srun in the
+    background and requeues after it; torchrun's signal list travels whole (srun --export would
+    split it at its commas)."""
+    proc = torchx("run", "--dryrun", "-s", "slurm", "--workspace", "", "-cfg",
+                  "partition=debug,time=1:00:00,signal_grace=300",
+                  str(REPO / "components" / "ddp.py") + ":ddp", "-j", "2x1", "--",
+                  *trainer_args(), cwd=tmp_path)
+    script = proc.stdout.split("=== SCHEDULER REQUEST ===", 1)[1]
+    groups = [line for line in script.splitlines() if line.startswith("#SBATCH --job-name")]
+    assert len(groups) == 2 and all("--signal=B:USR1@300" in g.split() for g in groups), groups
+    trap, srun, requeue = (script.index(s) for s in ("trap forward USR1", "\nsrun ",
+                                                     'scontrol requeue "$SLURM_JOB_ID"'))
+    assert trap < srun < requeue and "' &\nsrun_pid=$!" in script
+    assert script.count(" env PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 "
+                        "bash -c ") == 2
+    assert "--export=ALL" in script and ",PET_SIGNALS_TO_HANDLE" not in script
+
+
 def test_dry_run_writes_nothing(slurm_cluster, tmp_path):
     """``torchx run --dryrun`` with the repository's profile (job_dir=slurm-jobs) and a
     workspace: the request names the job's directory, nothing is created or changed."""
@@ -489,3 +538,116 @@ def test_dry_run_writes_nothing(slurm_cluster, tmp_path):
     assert request.startswith("\nsbatch --parsable --open-mode=append ")
     assert request.count("--kill-on-bad-exit=1 --open-mode=append") == 2  # srun, each node
     assert 'attempt="==== torchx: job $SLURM_JOB_ID attempt' in request
+
+
+# -- preemption and time limits (signal_grace): save, requeue, resume ---------------------------
+
+PREEMPT_STEPS = 600  # attempt 2 must still train when Slurm's warning comes, up to 30 s late
+PREEMPT_ARGS = trainer_args("--checkpoint-every", "0", steps=PREEMPT_STEPS)
+GRACE = 90  # s: with the limit lowered to 60-120 s ahead, Slurm's warning is due at once
+
+
+def _replica_attempts(cwd: Path, handle: str, replicas: int) -> list[dict[int, list[str]]]:
+    """Each replica's log file split into attempts (:func:`attempts_of`)."""
+    app_id = handle.rsplit("/", 1)[-1]
+    files = [job_dir(cwd, handle) / f"slurm-{app_id}-ddp-{k}.out" for k in range(replicas)]
+    return [attempts_of(f.read_text() if f.exists() else "") for f in files]
+
+
+def _logged(cwd: Path, handle: str, attempt: int, pattern: str) -> list[re.Match[str]]:
+    """The matches of ``pattern`` in attempt ``attempt`` of both replicas' logs (rank 0, which
+    prints, may run on either node in any attempt)."""
+    return [match for log in _replica_attempts(cwd, handle, 2) for line in log.get(attempt, [])
+            if (match := re.search(pattern, line))]
+
+
+def _wait_until(what: str, ready: Callable[[], object], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"{what} did not happen in {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+def _requeues(app_id: str) -> int:
+    desc = create_scheduler("test").describe(app_id)
+    return desc.num_restarts if desc is not None else 0
+
+
+def _elapsed_s(app_id: str) -> int:
+    """Seconds the job's current attempt has run (``squeue %M``: [[D-]H:]M:SS)."""
+    text = subprocess.run(["squeue", "-h", "-j", app_id, "-o", "%M"], capture_output=True,
+                          text=True, check=True).stdout.split()[0]
+    days, _, clock = text.rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds + int(days or 0) * 86400
+
+
+@pytest.fixture(scope="module")
+def preempted_job(slurm_cluster, tmp_path_factory) -> dict:
+    """A two-node job with ``signal_grace`` and ``--checkpoint-every 0`` (so every checkpoint
+    but the last is a preemption save), beside the same run uninterrupted on one node:
+
+    * attempt 1 is sent SIGUSR1 the way an operator preempts a job, ``scancel --batch
+      --signal=USR1``, once it logged a step;
+    * attempt 2 gets a time limit shorter than its run: once it resumed, its limit is lowered
+      (``scontrol update TimeLimit``) to end 60-120 s later, so with a 90 s grace Slurm's own
+      ``--signal`` warning is due at its next time-limit check (every 30 s), and the limit
+      itself at least 30 s after that;
+    * attempt 3, its limit back at 15 minutes, runs to the end."""
+    cwd = tmp_path_factory.mktemp("preempt")
+    reference = submit(cwd, "ddp", "1x2", PREEMPT_ARGS)
+    handle = submit(cwd, "ddp", "2x1", PREEMPT_ARGS, cfg=f"signal_grace={GRACE}")
+    app_id = handle.rsplit("/", 1)[-1]
+    _wait_until(f"{handle} logging a step",
+                lambda: _logged(cwd, handle, 1, rf"step +\d+/{PREEMPT_STEPS}"))
+    subprocess.run(["scancel", "--batch", "--signal=USR1", app_id], check=True)
+    _wait_until(f"{handle} resuming", lambda: _logged(cwd, handle, 2, "resumed from"))
+    minutes = (_elapsed_s(app_id) + 60) // 60 + 1
+    subprocess.run(["scontrol", "update", f"JobId={app_id}", f"TimeLimit={minutes}"], check=True)
+    _wait_until(f"{handle} requeued on its time limit", lambda: _requeues(app_id) >= 2)
+    subprocess.run(["scontrol", "update", f"JobId={app_id}", "TimeLimit=15"], check=True)
+    return {"cwd": cwd, "handle": handle, "reference": reference, "final": wait(handle),
+            "reference_final": wait(reference)}
+
+
+@pytest.mark.slow
+def test_preempted_and_time_limited_job_matches_the_uninterrupted_run(preempted_job):
+    cwd, handle = preempted_job["cwd"], preempted_job["handle"]
+    assert preempted_job["final"] == preempted_job["reference_final"] == AppState.SUCCEEDED
+    assert "Num Restarts: 2" in status(cwd, handle)
+    assert_same_run(run_dir(cwd, handle), run_dir(cwd, preempted_job["reference"]), cwd)
+
+
+@pytest.mark.slow
+def test_each_requeue_loses_at_most_one_step(preempted_job):
+    """Attempts 1 and 2 each saved the step they were in on SIGUSR1 (from scancel, then from
+    Slurm's time-limit warning); attempts 2 and 3 resumed from it, and each counted at most one
+    step trained again (``steps_lost`` in its summary line)."""
+    cwd, handle = preempted_job["cwd"], preempted_job["handle"]
+    saved = sorted(int(p.name.rsplit("_", 1)[1]) for p in
+                   (run_dir(cwd, handle) / "checkpoints").glob("step_*"))
+    assert len(saved) == 3 and saved[-1] == PREEMPT_STEPS, saved
+    for attempt, step in ((2, saved[0]), (3, saved[1])):
+        assert [int(m.group(1)) for m in _logged(cwd, handle, attempt,
+                                                 r"resumed from \S+ at step (\d+)")] == [step]
+        lost = [int(m.group(1)) for m in _logged(cwd, handle, attempt, r"steps_lost=(\d+)")]
+        assert lost and max(lost) <= 1, (attempt, lost)
+    app_id = handle.rsplit("/", 1)[-1]
+    errors = [attempts_of((job_dir(cwd, handle) / f"slurm-{app_id}-ddp-{k}.err").read_text())
+              for k in (0, 1)]
+    for attempt in (1, 2):
+        assert _logged(cwd, handle, attempt, r"got SIGUSR1: saving at the end of this step")
+        # torchrun caught SIGUSR1 (PET_SIGNALS_TO_HANDLE arrived whole) instead of dying of it
+        assert all(any("Received 10 death signal" in line for line in log[attempt])
+                   for log in errors), attempt
+    result = summary(cwd, handle)
+    assert (result["restarts"], result["resumed_from_step"]) == (2, saved[1]), result
+    assert result["steps_lost"] <= 1 and result["preempted"] is None, result
+
+
+@pytest.mark.slow
+def test_preempted_job_runs_again_within_seconds(preempted_job):
+    waits = restart_waits(preempted_job["handle"])
+    assert len(waits) == 2 and all(w <= 30 for w in waits), waits

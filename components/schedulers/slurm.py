@@ -20,6 +20,9 @@ What it adds to torchx 0.7.0's :class:`~torchx.schedulers.slurm_scheduler.SlurmS
   it never copies the jobs' own parent directory.
 * Every attempt of a requeued job appends to the same logs (srun and sbatch
   ``--open-mode=append``) after a line ``==== torchx: job <id> attempt <n> ... ====``.
+* ``signal_grace`` (seconds): the job saves a checkpoint before its time limit, or when sent
+  ``scancel --batch --signal=USR1``, requeues itself and resumes
+  (:mod:`components.schedulers.slurm_preemption`).
 * ``torchx log`` reads stdout by default, where the trainers write (``--streams stderr`` for
   stderr; ``combined`` gives stdout, then stderr).
 """
@@ -58,6 +61,7 @@ from torchx.schedulers.local_scheduler import LogIterator
 from torchx.schedulers.slurm_scheduler import (
     SLURM_STATES,
     SlurmBatchRequest,
+    SlurmReplicaRequest,
     _get_job_dirs,
     _save_job_dir,
 )
@@ -66,6 +70,11 @@ from torchx.workspace.api import walk_workspace
 
 from components.errors import ComponentArgumentError
 from components.schedulers.run_options import StrictRunOptions
+from components.schedulers.slurm_preemption import (
+    check_signal_grace,
+    requeue_on_signal,
+    sbatch_signal,
+)
 from components.torchx_compat import SlurmSchedulerBase, replace_cfg
 from trainers.spec.paths import existing_ancestor, unwritable_reason
 
@@ -176,6 +185,10 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
                       "(srun --container-image)")
         opts.add("container_mounts", type_=str, default=None,
                  help="pyxis mounts, SRC:DST[,SRC:DST...] (srun --container-mounts)")
+        opts.add("signal_grace", type_=int, default=None,
+                 help="seconds before the time limit at which the job saves a checkpoint, "
+                      "requeues itself and resumes (sbatch --signal=B:USR1@N; also on scancel "
+                      "--batch --signal=USR1); off by default")
         opts.add("job_dir", type_=str, default=None,
                  help="parent directory of the jobs: each job runs in its own new directory "
                       "under it, holding the workspace snapshot, the sbatch script, the logs "
@@ -195,12 +208,16 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
                 raise ComponentArgumentError(
                     f"slurm: time={limit} is not a Slurm time limit; use minutes (30), "
                     "HH:MM:SS (2:00:00) or D-HH:MM:SS (1-12:00:00)") from None
+        grace = cfg.get("signal_grace")
+        if grace is not None:
+            check_signal_grace(int(grace), seconds, f"time={limit}")
         job_dir = cfg.get("job_dir")
         if job_dir is not None:
             self._check_writable(str(job_dir))
         partitions = _partitions()
         if partitions is not None:
-            self._check_partition(partitions, cfg.get("partition"), nodes, limit, seconds)
+            self._check_partition(partitions, cfg.get("partition"), nodes, limit, seconds,
+                                  None if grace is None else int(grace))
         self._check_association(cfg.get("account"), cfg.get("qos"))
 
     @staticmethod
@@ -213,9 +230,10 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
 
     @staticmethod
     def _check_partition(partitions: dict[str, dict[str, str]], name: CfgVal, nodes: int,
-                         limit: CfgVal, seconds: float) -> None:
+                         limit: CfgVal, seconds: float, grace: int | None) -> None:
         """The partition (or the default one) exists, has the nodes, and allows the time
-        limit; without a limit Slurm applies the partition's own default."""
+        limit; without a limit Slurm applies the partition's own default (DefaultTime, else
+        MaxTime), which a ``signal_grace`` must then lie below."""
         if name is None:
             default = [p for p, f in partitions.items() if f.get("Default") == "YES"]
             if not default:
@@ -238,6 +256,11 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
             raise ComponentArgumentError(
                 f"slurm: time={limit} exceeds partition {name}'s limit {max_time}; "
                 f"pass -cfg time=<at most {max_time}>")
+        if grace is not None and limit is None:
+            field = "DefaultTime" if fields.get("DefaultTime", "NONE") != "NONE" else "MaxTime"
+            check_signal_grace(grace, time_limit_seconds(fields.get(field, "UNLIMITED")),
+                               f"partition {name}'s {field} {fields.get(field, 'UNLIMITED')}, "
+                               "as no -cfg time is given")
 
     @staticmethod
     def _check_association(account: CfgVal, qos: CfgVal) -> None:
@@ -292,7 +315,8 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
         info = super()._submit_dryrun(app, cfg)  # type: ignore[arg-type]
         request = JobRequest(**{f.name: getattr(info.request, f.name)
                                 for f in dataclasses.fields(SlurmBatchRequest)},
-                             workspace=workspace, jobs_parent=parent)
+                             workspace=workspace, jobs_parent=parent,
+                             signal_grace=cfg.get("signal_grace"))
         # A requeued job appends to the logs of its earlier attempts instead of truncating
         # them: the batch script's own log and (srun) every replica's.
         request.cmd.append("--open-mode=append")
@@ -300,11 +324,14 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
         ours = [key for key in _SBATCH_OPTS if native.get(key) is None]  # TorchX main's renders
         for replica in request.replicas.values():
             replica.srun_opts["open-mode"] = "append"
+            _env_with_commas_on_command_line(replica)
             for key in ours:
                 if cfg.get(key):
                     replica.sbatch_opts[key] = str(cfg[key])
             if cfg.get("exclusive"):
                 replica.sbatch_opts["exclusive"] = None
+            if request.signal_grace is not None:
+                replica.sbatch_opts["signal"] = sbatch_signal(request.signal_grace)
             if cfg.get("container_image"):
                 replica.srun_opts["container-image"] = str(cfg["container_image"])
                 if cfg.get("container_mounts"):
@@ -418,6 +445,21 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
                 for app_id, attempts in apps.items()]
 
 
+def _env_with_commas_on_command_line(replica: SlurmReplicaRequest) -> None:
+    """Move the replica's environment variables whose value has a comma from srun's
+    ``--export=ALL,K=V,...`` (which splits at every comma, so
+    ``PET_SIGNALS_TO_HANDLE=SIGTERM,SIGUSR1`` arrived as ``SIGTERM`` and torchrun died of the
+    SIGUSR1 it was meant to forward) to an ``env K=V ...`` prefix of the replica's command."""
+    commas = {key: value for key, value in replica.env.items() if "," in value}
+    if not commas:
+        return
+    replica.args = [*(f"{key}={value}" for key, value in commas.items()), replica.entrypoint,
+                    *replica.args]
+    replica.entrypoint = "env"
+    for key in commas:
+        del replica.env[key]
+
+
 def _describe_queued(app_id: str, squeue: str) -> DescribeAppResponse | None:
     """The job as ``squeue -o '%i|%j|%T|%N'`` shows it (``squeue`` text: ``1234+0|ddp-0|PENDING|``
     per heterogeneous component, ``1234|ddp-0|...`` for a job of one); None if it is not there."""
@@ -488,10 +530,13 @@ class JobRequest(SlurmBatchRequest):
     snapshot ``workspace`` into ``job_dir`` (leaving out ``jobs_parent``, the ``job_dir``
     option, when it lies inside the workspace). Its script writes a line
     ``==== torchx: job <id> attempt <n> started <UTC time> ====`` into every replica's logs
-    before each attempt, so the attempts of a requeued job stay apart in the appended logs."""
+    before each attempt, so the attempts of a requeued job stay apart in the appended logs.
+    With ``signal_grace`` its script requeues the job once the tasks saved on SIGUSR1
+    (:func:`components.schedulers.slurm_preemption.requeue_on_signal`)."""
 
     workspace: str | None = None
     jobs_parent: str | None = None
+    signal_grace: int | None = None
 
     def materialize(self) -> str:
         script = super().materialize()
@@ -504,7 +549,8 @@ class JobRequest(SlurmBatchRequest):
         anchor = "\nset +e\nsrun "
         if anchor not in script:  # a TorchX other than 0.7.0 wrote another script
             raise RuntimeError(f"slurm: no {anchor!r} in TorchX's sbatch script:\n{script}")
-        return script.replace(anchor, "\n" + separator + anchor, 1)
+        script = script.replace(anchor, "\n" + separator + anchor, 1)
+        return script if self.signal_grace is None else requeue_on_signal(script)
 
     def __repr__(self) -> str:
         text = super().__repr__()
