@@ -11,12 +11,12 @@ Resume verifies the manifest and falls back, with a warning, past a corrupt chec
 
 An asynchronous save (``save(step, asynchronous=True)``) copies the state into CPU memory and
 returns; DCP writes the copy from a background thread (``dcp.async_save``, over a gloo group of
-its own, so its collectives never interleave with training's), and rank 0 then computes the
-manifest's checksums there too. The loop calls :meth:`Checkpointer.commit_pending` after the
-next step: the ranks wait for what is left of the write and commit it together (manifest,
-rename, pruning), exactly as a synchronous save does. So a checkpoint of step N is always
-committed after step N + 1 (a restart never loses more than one extra step to it), and training
-stalls only where a write takes longer than a step.
+its own, so its collectives never interleave with training's), and rank 0 then writes the
+manifest there too (inside ``step_<N>.tmp`` it makes no checkpoint). The loop calls
+:meth:`Checkpointer.commit_pending` after the next step: the ranks wait for what is left of the
+write and commit it together (rename; pruning in the background), as a synchronous save does.
+So a checkpoint of step N is always committed after step N + 1 (a restart never loses more than
+one extra step to it), and training stalls only where a write takes longer than a step.
 """
 
 from __future__ import annotations
@@ -133,25 +133,32 @@ class _Write:
     """Checkpoint ``step`` being written into ``folder`` (``step_<N>.tmp``) on this rank.
 
     ``written`` completes once every rank's DCP write finished (DCP ends a save with a collective
-    that every rank reaches after its own files); on rank 0 its result is the manifest's
-    ``files`` (size and CRC-32 of each). ``failure`` is a write error of this rank that happened
-    before the write could start; then ``written`` is None."""
+    that every rank reaches after its own files, which it writes after its per-rank state) and,
+    on rank 0, ``manifest.json`` is written too. ``failure`` is a write error of this rank that
+    happened before DCP's write could start; then ``written`` is None."""
 
     step: int
     folder: Path
-    written: Future[dict[str, list[int]] | None] | None
+    written: Future[None] | None
     failure: str = ""
 
 
-def _manifest_files(folder: Path) -> dict[str, list[int]]:
-    return {p.name: [p.stat().st_size, crc32(p)] for p in sorted(folder.iterdir())}
+def _write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """``manifest`` plus the size and CRC-32 of every file of ``folder``, as ``manifest.json``
+    there, on disk before it returns. Still inside ``step_<N>.tmp``, it makes no checkpoint:
+    that takes the rename, after every rank's write succeeded."""
+    files = {p.name: [p.stat().st_size, crc32(p)] for p in sorted(folder.iterdir())}
+    with open(folder / MANIFEST, "w") as f:
+        json.dump({**manifest, "files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
 
 
-def _when_written(upload: Future[Any], folder: Path,
-                  is_main: bool) -> dict[str, list[int]] | None:
-    """Wait for DCP's ``upload``; rank 0 then checksums every file of ``folder``."""
+def _when_written(upload: Future[Any], folder: Path, manifest: dict[str, Any] | None) -> None:
+    """Wait for DCP's ``upload``; rank 0 (``manifest`` given) then writes the manifest."""
     upload.result()
-    return _manifest_files(folder) if is_main else None
+    if manifest is not None:
+        _write_manifest(folder, manifest)
 
 
 def _completed(value: Any) -> Future[Any]:
@@ -201,7 +208,7 @@ class Checkpointer:
         if asynchronous:
             self._pending = write
             return None
-        return self._commit(write)
+        return self._commit(write, prune_in_background=False)
 
     def commit_pending(self) -> Path | None:
         """Commit the asynchronous save in flight, if any, once every rank's write finished
@@ -212,7 +219,7 @@ class Checkpointer:
         write, self._pending = self._pending, None
         if write is None:
             return None
-        committed = self._commit(write)
+        committed = self._commit(write, prune_in_background=True)
         if self.env.is_main:
             log.info("checkpoint %s committed (written in the background)", committed)
         return committed
@@ -251,7 +258,10 @@ class Checkpointer:
                 upload = _completed(dcp.save(self.state, checkpoint_id=tmp))
         except _WRITE_ERRORS as err:
             return _Write(step, tmp, None, failure or _write_failure(err, self.folder))
-        written = self._background.submit(_when_written, upload, tmp, self.env.is_main)
+        manifest = {"format": FORMAT, "step": step, "model": self.run_config["model"],
+                    "world_size": self.env.world_size, "config": self.run_config}
+        written = self._background.submit(_when_written, upload, tmp,
+                                          manifest if self.env.is_main else None)
         return _Write(step, tmp, written, failure)
 
     def _checkpoint_group(self) -> dist.ProcessGroup:
@@ -267,13 +277,14 @@ class Checkpointer:
                 use_async_staging=False, use_non_blocking_copy=False))
         return self._stager
 
-    def _commit(self, write: _Write) -> Path:
-        """Wait for ``write``; if every rank's succeeded, rank 0 writes the manifest, renames
-        ``step_<N>.tmp`` to ``step_<N>`` and prunes to the ``keep`` newest (collective)."""
-        failure, files = write.failure, None
+    def _commit(self, write: _Write, prune_in_background: bool) -> Path:
+        """Wait for ``write``; if every rank's succeeded, rank 0 renames ``step_<N>.tmp`` (with
+        its manifest) to ``step_<N>`` and prunes to the ``keep`` newest, in the background if
+        ``prune_in_background`` (the next write waits for it) (collective)."""
+        failure = write.failure
         if write.written is not None:
             try:
-                files = write.written.result()
+                write.written.result()
             except _WRITE_ERRORS as err:
                 failure = failure or _write_failure(err, self.folder)
         maybe_kill(self.kill_at, "save", self.env.rank, write.step, self.run_dir)
@@ -291,21 +302,21 @@ class Checkpointer:
                 + "; free space there, lower --keep-checkpoints or pass another --output-dir")
         final = write.folder.with_name(write.folder.name.removesuffix(".tmp"))
         if self.env.is_main:
-            manifest = {"format": FORMAT, "step": write.step, "model": self.run_config["model"],
-                        "world_size": self.env.world_size, "config": self.run_config,
-                        "files": files}
-            with open(write.folder / MANIFEST, "w") as f:
-                json.dump(manifest, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
             if final.exists():
                 shutil.rmtree(final)
             os.replace(write.folder, final)
             _fsync_dir(self.folder)
-            for old in find_checkpoints(self.folder)[self.keep:]:
-                shutil.rmtree(old, ignore_errors=True)
+            if prune_in_background:
+                self._background.submit(self._prune)
+            else:
+                self._prune()
         dist.barrier()
         return final
+
+    def _prune(self) -> None:
+        """Delete all but the ``keep`` newest checkpoints."""
+        for old in find_checkpoints(self.folder)[self.keep:]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def choose(self, resume: str) -> Path | None:
         """The checkpoint ``resume`` names (auto, none or a path); rank 0 decides for all."""
