@@ -31,7 +31,7 @@ def _state(seed: int):
     return model, optimizer
 
 
-def _checkpointer(tmp_path, env, keep: int = 3, seed: int = 0):
+def tiny_checkpointer(tmp_path, env, keep: int = 3, seed: int = 0):
     """A checkpointer of a tiny model and optimizer, its step and this rank's RNG."""
     model, optimizer = _state(seed)
     progress = Progress()
@@ -42,7 +42,7 @@ def _checkpointer(tmp_path, env, keep: int = 3, seed: int = 0):
 
 
 def test_save_load_round_trip_and_keep_last_k(tmp_path, world_of_one):
-    ckpt, model, optimizer, progress = _checkpointer(tmp_path, world_of_one, keep=2)
+    ckpt, model, optimizer, progress = tiny_checkpointer(tmp_path, world_of_one, keep=2)
     for step in (1, 2, 3):
         progress.step = step
         ckpt.save(step)
@@ -51,7 +51,7 @@ def test_save_load_round_trip_and_keep_last_k(tmp_path, world_of_one):
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
 
     torch.rand(10)  # the RNG moves on; loading puts it back
-    other_ckpt, other, other_opt, other_progress = _checkpointer(tmp_path, world_of_one, seed=1)
+    other_ckpt, other, other_opt, other_progress = tiny_checkpointer(tmp_path, world_of_one, seed=1)
     assert not torch.equal(next(model.parameters()), next(other.parameters()))
     other_ckpt.load(other_ckpt.choose("auto"))
     assert other_progress.step == 3
@@ -63,7 +63,7 @@ def test_save_load_round_trip_and_keep_last_k(tmp_path, world_of_one):
 
 
 def test_an_unfinished_save_is_ignored(tmp_path, world_of_one):
-    ckpt = _checkpointer(tmp_path, world_of_one)[0]
+    ckpt = tiny_checkpointer(tmp_path, world_of_one)[0]
     ckpt.save(1)
     # A crash during the save of step 2 leaves only its temporary directory behind.
     partial = tmp_path / "checkpoints" / "step_00000002.tmp"
@@ -73,7 +73,7 @@ def test_an_unfinished_save_is_ignored(tmp_path, world_of_one):
 
 
 def test_corrupt_newest_falls_back_with_a_warning(tmp_path, world_of_one, caplog):
-    ckpt = _checkpointer(tmp_path, world_of_one)[0]
+    ckpt = tiny_checkpointer(tmp_path, world_of_one)[0]
     for step in (1, 2):
         ckpt.save(step)
     newest = tmp_path / "checkpoints" / "step_00000002"
@@ -92,7 +92,7 @@ def test_corrupt_newest_falls_back_with_a_warning(tmp_path, world_of_one, caplog
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path, world_of_one):
-    _checkpointer(tmp_path, world_of_one, keep=1)[0].save(1)
+    tiny_checkpointer(tmp_path, world_of_one, keep=1)[0].save(1)
     for resume in ("auto", str(tmp_path / "checkpoints" / "step_00000001")):
         with pytest.raises(ConfigError, match="holds a --model tiny checkpoint, not small"):
             parse_config(["--model", "small", "--output-dir", str(tmp_path), "--resume", resume],
@@ -122,7 +122,7 @@ def test_resume_none_refuses_to_overwrite_checkpoints(tmp_path):
 def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line(tmp_path, world_of_one):
     """Checkpoints written before the state was registered as separate Stateful entries (no
     "format" in their manifest) cannot be resumed; say so instead of failing inside DCP."""
-    ckpt = _checkpointer(tmp_path, world_of_one)[0]
+    ckpt = tiny_checkpointer(tmp_path, world_of_one)[0]
     ckpt.save(1)
     manifest_path = tmp_path / "checkpoints" / "step_00000001" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())

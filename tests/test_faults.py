@@ -85,18 +85,37 @@ def test_killed_worker_restarts_and_matches_uninterrupted_run(tmp_path, componen
     assert_same_run(tmp_path / "faulted", tmp_path / "reference", tmp_path)
 
 
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory) -> Path:
+    """An uninterrupted ``run_component("ddp")`` run, shared by the crash tests."""
+    run_dir = tmp_path_factory.mktemp("ddp") / "reference"
+    run_component("ddp", run_dir, [])
+    return run_dir
+
+
 @pytest.mark.slow
-def test_crash_mid_save_leaves_the_previous_checkpoint_and_resumes_from_it(tmp_path):
-    """Rank 0 dies inside the step-8 save (shards written, not committed): the restart finds
-    step 8 unfinished, resumes from step 4 and ends equal to the uninterrupted run."""
-    run_component("ddp", tmp_path / "reference", [])
-    stderr = run_component("ddp", tmp_path / "faulted", [], "--max_retries", "1",
-                           "--env", "TRAINERS_KILL_AT=0:8:save")
-    assert "killing rank 0 at step 8 (save)" in stderr
+@pytest.mark.parametrize("kill, extra, lost", [
+    # sync: rank 0 dies inside the step-8 save (shards written, not committed)
+    ("0:8:save", ["--no-async-checkpoint"], 4),
+    # async: rank 0 dies while committing the step-8 save, after step 9
+    ("0:8:save", [], 5),
+    # async: rank 1 dies after step 9, while the step-8 save is written and not yet committed
+    ("1:9", [], 5),
+], ids=["sync-save", "async-commit", "async-in-flight"])
+def test_crash_mid_save_leaves_the_previous_checkpoint_and_resumes_from_it(
+        tmp_path, ddp_reference, kill, extra, lost):
+    """The restart finds step 8 unfinished, resumes from step 4 and ends equal to the
+    uninterrupted run."""
+    stderr = run_component("ddp", tmp_path / "faulted", extra, "--max_retries", "1",
+                           "--env", f"TRAINERS_KILL_AT={kill}")
+    rank, step, *_ = kill.split(":")
+    assert f"killing rank {rank} at step {step}" in stderr
     summary = json.loads((tmp_path / "faulted" / "summary.json").read_text())
-    assert (summary["restarts"], summary["steps_lost"], summary["resumed_from_step"]) == (1, 4, 4)
+    assert (summary["restarts"], summary["steps_lost"], summary["resumed_from_step"]) == \
+        (1, lost, 4)
     assert not list((tmp_path / "faulted" / "checkpoints").glob("*.tmp"))
-    assert_same_run(tmp_path / "faulted", tmp_path / "reference", tmp_path)
+    assert all(verify(p) is None for p in find_checkpoints(tmp_path / "faulted"))
+    assert_same_run(tmp_path / "faulted", ddp_reference, tmp_path)
 
 
 @pytest.mark.slow
@@ -127,10 +146,14 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.slow
-def test_disk_full_during_save_is_reported_and_the_previous_checkpoint_survives(small_disk):
+@pytest.mark.parametrize("steps", ["8", "10"], ids=["final-sync", "periodic-async"])
+def test_disk_full_during_save_is_reported_and_the_previous_checkpoint_survives(small_disk,
+                                                                                 steps):
+    """Step 8's save fails: the final, synchronous one of 8 steps, or an asynchronous one of
+    10 (reported when it is committed, after step 9)."""
     run_dir = small_disk / "run"
     args = [*TINY, "--output-dir", str(run_dir), "--checkpoint-every", "4",
-            "--keep-checkpoints", "1"]
+            "--keep-checkpoints", "1", "--steps", steps]
     proc = run_trainer(args, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (

@@ -7,6 +7,7 @@ and cosine decay, autocast, evaluation, checkpoints, metrics and the summary.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
@@ -30,6 +31,7 @@ from trainers.core.metrics import (
 )
 from trainers.core.preemption import Notice, PreemptionWatch
 from trainers.core.strategy import Strategy
+from trainers.spec.checkpoint_files import step_of
 from trainers.spec.config import TrainConfig
 from trainers.spec.faults import kill_point, maybe_kill, restart_count
 from trainers.spec.models import model_shape
@@ -61,8 +63,9 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-# Called on every rank after each step with (step, metrics, the checkpoint that step wrote or
-# None); a launcher's metrics sink, e.g. ray.train.report. Every rank calls it equally often.
+# Called on every rank after each step with (step, metrics, the checkpoint committed at that
+# step or None: an asynchronous save commits at a later step than its own); a launcher's
+# metrics sink, e.g. ray.train.report. Every rank calls it equally often.
 StepHook = Callable[[int, dict[str, float], Path | None], None]
 
 
@@ -71,7 +74,10 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     """Run ``cfg.steps`` optimizer steps (resuming if asked); return the summary (all ranks).
 
     ``on_step`` (optional) receives every step's metrics on every rank after the step and its
-    checkpoint, if any, are done, with the committed checkpoint directory at checkpoint steps.
+    checkpoint, if any, are done, with the checkpoint directory committed at that step, if any.
+    Periodic checkpoints are written in the background (``--async-checkpoint``) during the
+    next step and committed after it; the final and the preemption checkpoint are synchronous
+    and commit the save still in flight, if any, first.
     A preemption signal (``--preemption-signals``), or ``notice`` (a launcher's own preemption
     notice, asked after every step) returning True on any rank, ends the run after the step
     all ranks agree on, with a checkpoint of it; the summary's ``preempted`` names the signal.
@@ -140,7 +146,8 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     preempted: signal.Signals | None = None
     saved_step: int | None = None
     wall_start = time.perf_counter()
-    with PreemptionWatch(parse_signals(cfg.preemption_signals), env, notice) as watch:
+    with PreemptionWatch(parse_signals(cfg.preemption_signals), env, notice) as watch, \
+            contextlib.closing(checkpointer):
         for step in range(start_step + 1, cfg.steps + 1):
             metrics = one_step(step)
             history.append(metrics)
@@ -150,11 +157,15 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
             maybe_kill(kill_at, "step", env.rank, step, run_dir)
             progress.step = step
             preempted = watch.agreed() if step < cfg.steps else None
-            saved = None
-            if step == cfg.steps or preempted is not None or \
-                    (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
-                saved = checkpointer.save(step)
-                saved_step = step
+            periodic = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+            last = step == cfg.steps or preempted is not None
+            saved = checkpointer.commit_pending()
+            if last or periodic:
+                # The final and the preemption save are synchronous: the job ends after them.
+                saved = checkpointer.save(step, asynchronous=cfg.async_checkpoint and not last) \
+                    or saved
+            if saved is not None:
+                saved_step = step_of(saved)
             if on_step is not None:
                 on_step(step, metrics, saved)
             if preempted is not None:

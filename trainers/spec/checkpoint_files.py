@@ -22,7 +22,8 @@ MANIFEST = "manifest.json"
 PREFIX = "step_"
 
 
-def _step_of(path: Path) -> int:
+def step_of(path: Path) -> int:
+    """The step of checkpoint directory ``path`` (``step_<N>``)."""
     return int(path.name[len(PREFIX):])
 
 
@@ -35,7 +36,7 @@ def find_checkpoints(path: Path) -> list[Path]:
             found = [p for p in folder.iterdir()
                      if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
             if found:
-                return sorted(found, key=_step_of, reverse=True)
+                return sorted(found, key=step_of, reverse=True)
     return []
 
 

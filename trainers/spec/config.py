@@ -118,6 +118,11 @@ class TrainConfig:
                            "(default: outputs/<trainer>)")
     checkpoint_every: int = _opt(50, "save a checkpoint every K steps (0: only at the end)")
     keep_checkpoints: int = _opt(3, "how many of the newest checkpoints to keep")
+    async_checkpoint: bool = _opt(True, "write the periodic checkpoints in the background "
+                                  "while the next step trains (once the state is copied to CPU "
+                                  "memory), committing each after that step; the final and the "
+                                  "preemption checkpoint are always synchronous "
+                                  "(--no-async-checkpoint: every save blocks)", negatable=True)
     resume: str = _opt("auto", "auto (newest valid checkpoint in the output directory, if any), "
                        "none, or a checkpoint or run directory")
     preemption_signals: str = _opt(PREEMPTION_DEFAULT, "signals on which every rank finishes its "
