@@ -408,8 +408,8 @@ def test_init_distributed_joins_a_group_it_did_not_form():
 
 
 def test_step_hook_sees_every_step_and_the_committed_checkpoints(tmp_path):
-    """The loop's on_step hook gets each step's metrics and, at checkpoint steps, the
-    directory the checkpoint was committed to."""
+    """The loop's on_step hook gets each step's metrics and a checkpoint's directory once it
+    is committed: a periodic (asynchronous) one after the next step, the final one at once."""
     from trainers.core.loop import train
     from trainers.ddp import build
 
@@ -421,5 +421,5 @@ def test_step_hook_sees_every_step_and_the_committed_checkpoints(tmp_path):
     assert [s for s, _, _ in seen] == [1, 2, 3, 4, 5]
     assert {s: loss for s, loss, _ in seen} == losses(tmp_path)
     ckpts = tmp_path / "checkpoints"
-    assert [c for _, _, c in seen] == [None, ckpts / "step_00000002", None,
-                                       ckpts / "step_00000004", ckpts / "step_00000005"]
+    assert [c for _, _, c in seen] == [None, None, ckpts / "step_00000002", None,
+                                       ckpts / "step_00000005"]

@@ -98,8 +98,13 @@ def test_cancelled_job_reports_cancelled(slurm_cluster, tmp_path):
     torchx("cancel", handle, cwd=tmp_path)
     assert wait(handle, TERMINAL, timeout=60) == AppState.CANCELLED
     assert "State: CANCELLED" in status(tmp_path, handle)
-    listed = torchx("list", "-s", "slurm", cwd=tmp_path).stdout
-    assert re.search(rf"{re.escape(handle.rsplit('/', 1)[-1])}\s.*CANCELLED", listed), listed
+    # `torchx list` reads accounting, which slurmctld updates asynchronously (seconds behind
+    # under load).
+    pattern = rf"{re.escape(handle.rsplit('/', 1)[-1])}\s.*CANCELLED"
+    deadline = time.monotonic() + 60
+    while not re.search(pattern, listed := torchx("list", "-s", "slurm", cwd=tmp_path).stdout):
+        assert time.monotonic() < deadline, listed
+        time.sleep(2)
 
 
 @pytest.mark.slow
