@@ -9,7 +9,6 @@ stop together (:mod:`trainers.core.loop`); the process then exits ``128 + signal
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from collections.abc import Callable
@@ -20,9 +19,6 @@ import torch
 import torch.distributed as dist
 
 from trainers.core.distributed import DistEnv
-
-log = logging.getLogger(__name__)
-
 
 # A launcher's own preemption notice, asked once per step on every rank (e.g. Ray's node
 # drain, trainers.ray_train): True once this rank's node is going away; handled as a SIGTERM.
