@@ -1,4 +1,4 @@
-"""This machine's fp32 matmul peak by the trainers' own probe, the best over matrix sides.
+"""This machine's matmul peak (fp32 or bf16) by the trainers' own probe, the best over sides.
 
 Samples of ``trainers.core.metrics.measure_peak_flops`` (docs/benchmarks.md, "Definitions").
 """
@@ -19,21 +19,27 @@ from trainers.core.metrics import measure_peak_flops
 SIZES = (1024, 2048, 4096)
 
 
-def measure_peak(sizes: Sequence[int] = SIZES, seconds: float = 2.0) -> dict[str, Any]:
-    """Samples of the probe for ``seconds`` (at least 3) per matrix side: per size the best and
-    median FLOP/s and the ``calls``; ``peak_flops``, the best of all, at ``best_size``."""
-    progress(f"fp32 matmul peak at {torch.get_num_threads()} thread(s), sizes {list(sizes)}")
+def measure_peak(sizes: Sequence[int] = SIZES, seconds: float = 2.0,
+                 dtype: torch.dtype = torch.float32,
+                 device: torch.device | None = None) -> dict[str, Any]:
+    """Samples of the probe on ``dtype`` matrices on ``device`` for ``seconds`` (at least 3) per
+    matrix side: per size the best and median FLOP/s and the ``calls``; ``peak_flops``, the
+    best of all, at ``best_size``."""
+    device = device or torch.device("cpu")
+    name = str(dtype).removeprefix("torch.")
+    where = f"{torch.get_num_threads()} thread(s)" if device.type == "cpu" else str(device)
+    progress(f"{name} matmul peak on {where}, sizes {list(sizes)}")
     by_size: dict[str, dict[str, float]] = {}
     for size in sizes:
         rates: list[float] = []
         deadline = time.perf_counter() + seconds
         while len(rates) < 3 or time.perf_counter() < deadline:
-            rates.append(measure_peak_flops(torch.device("cpu"), torch.float32, 0.0, size))
+            rates.append(measure_peak_flops(device, dtype, 0.0, size))
         by_size[str(size)] = {"best_flops": max(rates), "median_flops": statistics.median(rates),
                               "calls": len(rates)}
     best = max(by_size, key=lambda size: by_size[size]["best_flops"])
     progress(f"peak {by_size[best]['best_flops'] / 1e9:.1f} GFLOP/s at n={best}")
-    return {"threads": torch.get_num_threads(), "dtype": "float32", "by_size": by_size,
+    return {"threads": torch.get_num_threads(), "dtype": name, "by_size": by_size,
             "best_size": int(best), "peak_flops": by_size[best]["best_flops"]}
 
 

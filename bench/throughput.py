@@ -1,5 +1,7 @@
-"""Throughput, MFU, loop overhead and launch cost of the DDP trainer (docs/benchmarks.md)."""
+"""Throughput, MFU (fp32, bf16, compiled), scaling, loop overhead, launch cost and the loss's
+memory: every performance target in one run (docs/benchmarks.md)."""
 
+import importlib
 import json
 import re
 import shlex
@@ -9,34 +11,62 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bench import harness
 from bench.harness import THREADS, WORKER, BenchError, median, trainer_args
 from bench.peak import measure_peak
-from trainers import ddp
-from trainers.core.metrics import MetricsWriter
+from trainers.core.metrics import MetricsWriter, bf16_matmul_hardware
 from trainers.spec.shapes import MODEL_SIZES
 
 FIRST_STEP = re.compile(r"\bstep\s+1/\d+")  # rank 0's line after step 1: "step 1/N | loss ..."
-KINDS = ("ours", "minimal", "ddp2")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of training the plan's model: trainer, ranks and trainer flags."""
+
+    trainer: str
+    nproc: int
+    flags: tuple[str, ...] = ()
+
+    @property
+    def bf16(self) -> bool:
+        return "bf16" in self.flags
+
+
+# "minimal" is bench/minimal_loop.py; the rest are our trainers, one thread per rank.
+VARIANTS = {
+    "ours": Variant("ddp", 1),
+    "compiled": Variant("ddp", 1, ("--compile",)),
+    "ddp2": Variant("ddp", 2),
+    "fsdp2": Variant("fsdp", 2),
+    "bf16": Variant("ddp", 1, ("--dtype", "bf16")),
+    "bf16_compiled": Variant("ddp", 1, ("--dtype", "bf16", "--compile")),
+}
+KINDS = ("ours", "minimal", *list(VARIANTS)[1:])
 LAUNCHERS = ("torchx", "torchrun", "torchrun_c10d")
 OVERRIDES = {"rounds": 1, "steps": 1, "warmup": 1, "micro_batch": 1, "launch_repeats": 1}
 QUICK = {"model": "tiny", "warmup": 1, "steps": 3, "rounds": 1, "train_samples": 256,
-         "launch_repeats": 1, "peak_sizes": (256, 512), "peak_seconds": 0.2, "timeout_s": 120.0}
+         "launch_repeats": 1, "peak_sizes": (256, 512), "peak_seconds": 0.2, "loss_vocab": 4096,
+         "loss_tokens": 256, "timeout_s": 300.0}
 
 
 @dataclass
 class Plan:
     model: str = "small"
     micro_batch: int = 8  # sequences per rank per step
-    warmup: int = 5  # leading steps of every run left out of the medians
+    warmup: int = 5  # leading steps of every run left out of the medians (compilation included)
     steps: int = 20  # measured steps per run (each run trains warmup + steps)
-    rounds: int = 3  # each round runs ours (1 proc), minimal (1 proc) and DDP (2 ranks) once
+    rounds: int = 3  # each round runs every kind once, in a rotating order
     train_samples: int = 1024
     launch_model: str = "tiny"
     launch_steps: int = 2
     launch_repeats: int = 5  # runs of each launch command
     peak_sizes: tuple[int, ...] = (1024, 2048, 4096)  # matrix sides of the peak probe
     peak_seconds: float = 2.0  # of probe samples per size
+    loss_vocab: int = 128256  # the loss-memory check's vocabulary (llama-1b's)
+    loss_tokens: int = 2048  # and its tokens per step
     timeout_s: float = 1200.0  # per subprocess
 
 
@@ -48,8 +78,9 @@ def iterations(stamps: Sequence[float], warmup: int, first_step: int) -> list[fl
 
 
 def worker(prefix: str, argv: Sequence[str]) -> None:
-    """``trainers.ddp.main(argv)`` with a ``time.perf_counter()`` stamp at the top of every
-    ``MetricsWriter.write`` (once per step, after its work), written to ``prefix`` by rank."""
+    """``trainers.<argv[0]>.main(argv[1:])`` with a ``time.perf_counter()`` stamp at the top of
+    every ``MetricsWriter.write`` (once per step, after its work), written to ``prefix`` by
+    rank."""
     stamps: list[float] = []
     write = MetricsWriter.write
 
@@ -59,15 +90,16 @@ def worker(prefix: str, argv: Sequence[str]) -> None:
 
     MetricsWriter.write = timed_write  # type: ignore[method-assign]  # this process only
     try:
-        ddp.main(list(argv))
+        importlib.import_module(f"trainers.{argv[0]}").main(list(argv[1:]))
     finally:
         harness.write_rank(prefix, stamps)
 
 
-def run_loop(plan: Plan, kind: str, tag: str, scratch: Path, peak_flops: float) -> dict:
-    """One run of ``kind`` in fresh processes: ``minimal`` (:mod:`bench.minimal_loop`), ``ours``
-    (the trainer with per-step stamps, :func:`worker`) or ``ddp2`` (the same on two ranks)."""
-    nproc, total, out = 2 if kind == "ddp2" else 1, plan.warmup + plan.steps, scratch / tag
+def run_loop(plan: Plan, kind: str, tag: str, scratch: Path, peaks: dict[str, float]) -> dict:
+    """One run of ``kind`` in fresh processes: ``minimal`` (:mod:`bench.minimal_loop`) or a
+    :data:`VARIANTS` entry (the trainer with per-step stamps, :func:`worker`)."""
+    variant = VARIANTS.get(kind, Variant("minimal", 1))
+    nproc, total, out = variant.nproc, plan.warmup + plan.steps, scratch / tag
     result = {"tag": tag, "nproc": nproc, "threads_per_proc": THREADS,
               "global_batch": plan.micro_batch * nproc, "steps": total}
     if kind == "minimal":
@@ -77,9 +109,11 @@ def run_loop(plan: Plan, kind: str, tag: str, scratch: Path, peak_flops: float) 
         return {**result, "wall_s": job["wall_s"],
                 "iteration_s": iterations(loop["stamps"], plan.warmup, first_step=1),
                 "first_loss": loop["first_loss"], "final_loss": loop["final_loss"]}
-    args = trainer_args(plan.model, plan.micro_batch * nproc, total, peak_flops, plan.train_samples)
-    run = harness.run_trainer("bench.throughput", [WORKER, f"{out}.stamps", *args], nproc,
-                              scratch, tag, plan.timeout_s)
+    peak = peaks["bf16" if variant.bf16 else "fp32"]
+    args = [*trainer_args(plan.model, plan.micro_batch * nproc, total, peak, plan.train_samples),
+            *variant.flags]
+    run = harness.run_trainer("bench.throughput", [WORKER, f"{out}.stamps", variant.trainer,
+                                                   *args], nproc, scratch, tag, plan.timeout_s)
     stamps = json.loads(Path(f"{out}.stamps.rank0.json").read_text())
     if len(stamps) != total:
         raise BenchError(f"{tag}: expected {total} step stamps, got {len(stamps)}")
@@ -89,7 +123,23 @@ def run_loop(plan: Plan, kind: str, tag: str, scratch: Path, peak_flops: float) 
                                 if r["step"] > plan.warmup],
             "trainer_summary": {k: run["summary"].get(k) for k in
                                 ("tokens_per_s", "mfu", "first_loss", "final_loss", "loss_floor",
-                                 "data_share", "peak_memory_bytes", "world_size")}}
+                                 "data_share", "peak_memory_bytes", "world_size",
+                                 "compile_time_s")}}
+
+
+def loss_memory(plan: Plan, scratch: Path) -> dict[str, Any]:
+    """Peak memory of one step of the loss (head, cross-entropy, backward) at ``loss_vocab``,
+    chunked (:func:`trainers.core.loss.cross_entropy`) and plain (``F.cross_entropy`` on fp32
+    logits), each in a fresh process (:mod:`bench.loss_memory`), fp32 and bf16 autocast."""
+    out: dict[str, Any] = {}
+    for dtype in ("fp32", "bf16"):
+        for loss in ("chunked", "plain"):
+            args = ["--vocab", str(plan.loss_vocab), "--tokens", str(plan.loss_tokens),
+                    "--dtype", dtype, "--loss", loss]
+            out[f"{dtype}_{loss}"] = harness.run_ranks(
+                "bench.loss_memory", args, 1, scratch, f"loss-{dtype}-{loss}",
+                plan.timeout_s)["ranks"][0]
+    return out
 
 
 def time_to_first_step(name: str, plan: Plan, scratch: Path, tag: str,
@@ -114,8 +164,13 @@ def time_to_first_step(name: str, plan: Plan, scratch: Path, tag: str,
 
 
 def run(plan: Plan, scratch: Path) -> dict[str, Any]:
-    """Peak, the rounds of the three loops, the launches, the peak again; the figures."""
+    """Peaks, the rounds of every kind, the launches, the loss's memory, the peak again; the
+    figures. The bf16 kinds run only where bf16 matmuls have hardware."""
+    bf16_hardware = bf16_matmul_hardware(torch.device("cpu"))
     peak = measure_peak(plan.peak_sizes, plan.peak_seconds)
+    peak_bf16 = (measure_peak(plan.peak_sizes, plan.peak_seconds, torch.bfloat16)
+                 if bf16_hardware else None)
+    peaks = {"fp32": peak["peak_flops"], "bf16": peak_bf16["peak_flops"] if peak_bf16 else 0.0}
     # two single-threaded probe processes started together: the machine's scaling ceiling
     size, seconds = peak["best_size"], str(max(plan.peak_seconds, 1.0))
     ranks = harness.run_ranks("bench.peak", ["--sizes", str(size), "--seconds", seconds], 2,
@@ -123,60 +178,81 @@ def run(plan: Plan, scratch: Path) -> dict[str, Any]:
     two = [rank["by_size"][str(size)] for rank in ranks]
     peak["two_processes"] = {"size": size, "per_process": two,
                              "aggregate_median_flops": sum(p["median_flops"] for p in two)}
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
-    for index, kind in harness.rotations(KINDS, plan.rounds):
-        result = run_loop(plan, kind, f"round{index}-{kind}", scratch, peak["peak_flops"])
+    kinds = [k for k in KINDS if bf16_hardware or not VARIANTS.get(k, Variant("", 1)).bf16]
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+    for index, kind in harness.rotations(kinds, plan.rounds):
+        result = run_loop(plan, kind, f"round{index}-{kind}", scratch, peaks)
         runs[kind].append({**result, "round": index})
     launches: dict[str, list[dict[str, Any]]] = {name: [] for name in LAUNCHERS}
     for index, name in harness.rotations(LAUNCHERS, plan.launch_repeats):
         launches[name].append(time_to_first_step(name, plan, scratch, f"launch{index}-{name}",
                                                  peak["peak_flops"]))
+    loss = loss_memory(plan, scratch)
     peak_end = measure_peak(plan.peak_sizes, plan.peak_seconds)  # the drift check
-    return {"peak": peak, "runs": runs, "launch_runs": launches, "peak_end": peak_end,
-            "results": summarize(plan, peak, runs, launches, peak_end)}
+    return {"peak": peak, "peak_bf16": peak_bf16, "bf16_hardware": bf16_hardware, "runs": runs,
+            "launch_runs": launches, "loss_memory": loss, "peak_end": peak_end,
+            "results": summarize(plan, peaks, peak, runs, launches, loss, peak_end,
+                                 bf16_hardware)}
 
 
-def summarize(plan: Plan, peak: dict, runs: dict, launches: dict, peak_end: dict) -> dict:
-    """The headline figures and the four targets from the raw measurements."""
+def summarize(plan: Plan, peaks: dict[str, float], peak: dict, runs: dict, launches: dict,
+              loss: dict, peak_end: dict, bf16_hardware: str | None) -> dict:
+    """The headline figures and the targets from the raw measurements."""
     cfg = MODEL_SIZES[plan.model]
     flops_per_token = cfg.flops_per_token(cfg.max_seq_len)
 
     def figures(kind: str, field: str = "iteration_s") -> dict[str, Any]:
         nproc, pooled = runs[kind][0]["nproc"], [t for run in runs[kind] for t in run[field]]
         tokens_per_s = plan.micro_batch * nproc * cfg.max_seq_len / median(pooled)
+        bf16 = VARIANTS.get(kind, Variant("", 1)).bf16
+        compile_s = [r["trainer_summary"]["compile_time_s"] for r in runs[kind]
+                     if r.get("trainer_summary", {}).get("compile_time_s") is not None]
         return {"median_step_s": median(pooled), "tokens_per_s": tokens_per_s,
-                "mfu": tokens_per_s * flops_per_token / (nproc * peak["peak_flops"]),
+                "mfu": tokens_per_s * flops_per_token / (nproc * peaks["bf16" if bf16 else "fp32"]),
                 "per_round_median_step_s": [median(run[field]) for run in runs[kind]],
-                "measured_steps": len(pooled)}
+                "measured_steps": len(pooled),
+                **({"compile_time_s": median(compile_s)} if compile_s else {})}
 
     first = {name: median([r["first_step_s"] for r in launches[name]]) for name in LAUNCHERS}
-    res = {"model": plan.model, "params": cfg.num_params(), "seq_len": cfg.max_seq_len,
-           "micro_batch_per_rank": plan.micro_batch, "flops_per_token": flops_per_token,
-           "peak_flops_per_thread": peak["peak_flops"],
-           "peak_drift": peak_end["peak_flops"] / peak["peak_flops"] - 1,
-           "matmul_two_process_ratio": peak["two_processes"]["aggregate_median_flops"]
-           / (2 * peak["by_size"][str(peak["two_processes"]["size"])]["median_flops"]),
-           "single": figures("ours"), "minimal": figures("minimal"), "ddp2": figures("ddp2"),
-           "single_trainer_reported": figures("ours", "reported_step_s"),
-           "ddp2_trainer_reported": figures("ddp2", "reported_step_s"),
-           "launch_first_step_s": first, "launch_ratio": first["torchx"] / first["torchrun"],
-           "launch_ratio_same_flags": first["torchx"] / first["torchrun_c10d"]}
+    res: dict[str, Any] = {
+        "model": plan.model, "params": cfg.num_params(), "seq_len": cfg.max_seq_len,
+        "micro_batch_per_rank": plan.micro_batch, "flops_per_token": flops_per_token,
+        "peak_flops_per_thread": peaks["fp32"], "bf16_peak_flops_per_thread": peaks["bf16"],
+        "bf16_hardware": bf16_hardware,
+        "peak_drift": peak_end["peak_flops"] / peak["peak_flops"] - 1,
+        "matmul_two_process_ratio": peak["two_processes"]["aggregate_median_flops"]
+        / (2 * peak["by_size"][str(peak["two_processes"]["size"])]["median_flops"]),
+        **{kind: figures(kind) for kind in runs},
+        "single_trainer_reported": figures("ours", "reported_step_s"),
+        "ddp2_trainer_reported": figures("ddp2", "reported_step_s"),
+        "launch_first_step_s": first, "launch_ratio": first["torchx"] / first["torchrun"],
+        "launch_ratio_same_flags": first["torchx"] / first["torchrun_c10d"],
+        "fsdp_over_ddp": figures("fsdp2")["tokens_per_s"] / figures("ddp2")["tokens_per_s"],
+        "compile_speedup": figures("ours")["median_step_s"] / figures("compiled")["median_step_s"],
+        "loss_memory": {k: v["peak_delta_bytes"] for k, v in loss.items()}}
+    res["single"] = res["ours"]
     for own in ("", "_trainer_reported"):  # by our stamps, and by the trainer's step_time_s
         single, ddp2 = res[f"single{own}"], res[f"ddp2{own}"]
         res[f"scaling_efficiency{own}"] = ddp2["tokens_per_s"] / (2 * single["tokens_per_s"])
         res[f"loop_overhead{own}"] = single["median_step_s"] / res["minimal"]["median_step_s"] - 1
-    targets = [("scaling efficiency, 2 ranks", res["scaling_efficiency"], ">=", 0.90, False),
-               ("MFU, our loop (1 proc, 1 thread)", res["single"]["mfu"], ">=", 0.75, False),
+    bf16_mfu = max((res[k]["mfu"] for k in ("bf16", "bf16_compiled") if k in res), default=None)
+    targets = [("MFU fp32, our loop (1 proc, 1 thread)", res["ours"]["mfu"], ">=", 0.80, False),
+               ("MFU bf16, best of eager/compiled", bf16_mfu, ">=", 0.50, False),
+               ("scaling efficiency, DDP 2 ranks", res["scaling_efficiency"], ">=", 0.95, False),
+               ("FSDP / DDP tokens/s, 2 ranks", res["fsdp_over_ddp"], ">=", 0.90, False),
                ("loop overhead vs minimal loop", res["loop_overhead"], "<=", 0.03, True),
                ("launch ratio torchx / torchrun", res["launch_ratio"], "<=", 1.10, False)]
     res["targets"] = [{"name": name, "value": value, "op": op, "target": goal,
-                       "percent": percent, "pass": value >= goal if op == ">=" else value <= goal}
+                       "percent": percent,
+                       "pass": None if value is None else
+                       value >= goal if op == ">=" else value <= goal}
                       for name, value, op, goal, percent in targets]
     return res
 
 
 def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
-    return report["results"]["targets"]
+    """The targets that could be measured here (bf16 needs bf16 matmul hardware)."""
+    return [t for t in report["results"]["targets"] if t["pass"] is not None]
 
 
 def table(report: dict[str, Any]) -> str:
@@ -185,22 +261,34 @@ def table(report: dict[str, Any]) -> str:
     def fmt(value: float, percent: bool = False) -> str:
         return f"{100 * value:+.1f}%" if percent else f"{value:.3f}"
 
-    def loop(key: str, nproc: int) -> str:
-        return (f"{res[key]['tokens_per_s']:,.0f} tok/s, MFU {res[key]['mfu']:.3f}, "
-                f"{res[key]['median_step_s'] * 1e3:.1f} ms/step ({nproc} x "
-                f"{res['micro_batch_per_rank']} seq)")
+    def loop(key: str) -> str:
+        row = res[key]
+        compiled = (f", compile {row['compile_time_s']:.1f}s apart" if "compile_time_s" in row
+                    else "")
+        return (f"{row['tokens_per_s']:,.0f} tok/s, MFU {row['mfu']:.3f}, "
+                f"{row['median_step_s'] * 1e3:.1f} ms/step{compiled}")
 
+    no_bf16 = f"n/a: no bf16 matmul hardware ({torch.backends.cpu.get_cpu_capability()})"
     targets = [("target", "measured", "goal", "result"), *(
-        (t["name"], fmt(t["value"], t["percent"]),
+        (t["name"], no_bf16 if t["value"] is None else fmt(t["value"], t["percent"]),
          f"{t['op']} {fmt(t['target'], t['percent']).lstrip('+')}",
-         "pass" if t["pass"] else "MISS") for t in res["targets"])]
+         "n/a" if t["pass"] is None else "pass" if t["pass"] else "MISS")
+        for t in res["targets"])]
+    names = {"ours": "our loop, 1 proc, fp32", "minimal": "minimal loop, 1 proc, fp32",
+             "compiled": "our loop, 1 proc, fp32, --compile", "ddp2": "DDP, 2 ranks, fp32",
+             "fsdp2": "FSDP, 2 ranks, fp32", "bf16": "our loop, 1 proc, bf16",
+             "bf16_compiled": "our loop, 1 proc, bf16, --compile"}
+    memory = res["loss_memory"]
+    bf16_peak = (f"{res['bf16_peak_flops_per_thread'] / 1e9:.1f} GFLOP/s on "
+                 f"{res['bf16_hardware']}" if res["bf16_hardware"] else no_bf16)
     info = [("figure", "value"),
             ("fp32 matmul peak, 1 thread", f"{peak['peak_flops'] / 1e9:.1f} GFLOP/s "
              f"(n={peak['best_size']}; drift at end {100 * res['peak_drift']:+.1f}%)"),
+            ("bf16 matmul peak, 1 thread", bf16_peak),
             ("2 matmul processes together / 2x one",
              f"{res['matmul_two_process_ratio']:.3f} (hardware ceiling for scaling)"),
-            ("our loop, 1 proc", loop("single", 1)), ("minimal loop, 1 proc", loop("minimal", 1)),
-            ("our loop, DDP 2 ranks", loop("ddp2", 2)),
+            *((names[kind], loop(kind)) for kind in names if kind in res),
+            ("compiled / eager speed, fp32", f"{res['compile_speedup']:.3f}"),
             ("overhead by trainer's own step_time_s",
              fmt(res["loop_overhead_trainer_reported"], percent=True)),
             ("scaling by trainer's own step_time_s",
@@ -208,7 +296,12 @@ def table(report: dict[str, Any]) -> str:
             ("time to step 1, torchx / torchrun",
              f"{launch['torchx']:.2f}s / {launch['torchrun']:.2f}s (medians)"),
             ("time to step 1, torchrun with dist.ddp's flags",
-             f"{launch['torchrun_c10d']:.2f}s: torchx / it = {res['launch_ratio_same_flags']:.3f}")]
+             f"{launch['torchrun_c10d']:.2f}s: torchx / it = {res['launch_ratio_same_flags']:.3f}"),
+            *((f"loss step peak memory, vocab {report['plan']['loss_vocab']:,}, {dtype}",
+               f"chunked {memory[f'{dtype}_chunked'] / 2**20:,.0f} MiB, plain "
+               f"{memory[f'{dtype}_plain'] / 2**20:,.0f} MiB "
+               f"({memory[f'{dtype}_plain'] / memory[f'{dtype}_chunked']:.2f}x)")
+              for dtype in ("fp32", "bf16"))]
     return "\n".join([f"{res['model']} model ({res['params'] / 1e6:.1f}M params, seq "
                       f"{res['seq_len']}, micro-batch {res['micro_batch_per_rank']}/rank), "
                       f"{THREADS} thread/process, {report['host']['cpu']}", "",

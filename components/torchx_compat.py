@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 from torchx import specs
 from torchx.components import dist
-from torchx.schedulers.slurm_scheduler import SlurmScheduler
 from torchx.specs import CfgVal, Role
 
 Cfg = TypeVar("Cfg", bound=Mapping[str, CfgVal])
@@ -49,14 +48,17 @@ def replace_cfg(cfg: Cfg, **changes: CfgVal) -> Cfg:
     return {**cfg, **changes}  # type: ignore[return-value]
 
 
-if hasattr(SlurmScheduler, "workspace_builders"):  # TorchX main: several workspace builders
+def _slurm_scheduler_base() -> type:
+    """TorchX's ``SlurmScheduler`` on 0.7.0; on main, a subclass building ``dir`` workspaces
+    through ``build_workspace_and_update_role`` (which subclasses extend) as 0.7.0 does."""
+    from torchx.schedulers.slurm_scheduler import SlurmScheduler
+
+    if not hasattr(SlurmScheduler, "workspace_builders"):
+        return SlurmScheduler  # torchx 0.7.0: the scheduler is its own (directory) builder
     from torchx.workspace.api import WorkspaceMixin
     from torchx.workspace.dir_workspace import DirWorkspaceMixin
 
     class SlurmSchedulerBase(SlurmScheduler):
-        """TorchX main's slurm scheduler, building ``dir`` workspaces through
-        :meth:`build_workspace_and_update_role` (which subclasses extend) as 0.7.0 does."""
-
         def caching_build_workspace_and_update_role(
                 self, role: Role, cfg: Mapping[str, CfgVal],
                 build_cache: dict[object, object]) -> None:
@@ -71,5 +73,15 @@ if hasattr(SlurmScheduler, "workspace_builders"):  # TorchX main: several worksp
         def build_workspace_and_update_role(self, role: Role, workspace: str,
                                             cfg: Mapping[str, CfgVal]) -> None:
             self.workspace_builder(cfg)[1].build_workspace_and_update_role(role, workspace, cfg)
-else:  # torchx 0.7.0: the scheduler is its own (directory) workspace builder
-    SlurmSchedulerBase = SlurmScheduler  # type: ignore[misc]
+
+    return SlurmSchedulerBase
+
+
+def __getattr__(name: str) -> Any:
+    """``SlurmSchedulerBase`` (:func:`_slurm_scheduler_base`), made on first use: TorchX's Slurm
+    scheduler takes a quarter of a second to import, which launching a component on another
+    scheduler should not pay."""
+    if name != "SlurmSchedulerBase":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    base = globals()[name] = _slurm_scheduler_base()
+    return base

@@ -14,7 +14,7 @@ from trainers.core.entry import run
 from trainers.core.materialize import materialize
 from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
-from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.parallel.compile import apply_block_options
 from trainers.parallel.ddp import DDPStrategy
 from trainers.spec.config import TrainConfig
 
@@ -23,8 +23,7 @@ def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     """The whole model on every rank, wrapped in DDP."""
     spec = spec_of(cfg)
     model = spec.meta_model()
-    if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model, spec)
+    apply_block_options(model, spec, cfg)
     materialize(model, env.device, cfg.seed, spec)
     return DDPStrategy(model, env)
 

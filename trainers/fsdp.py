@@ -21,7 +21,7 @@ from trainers.core.entry import run
 from trainers.core.materialize import materialize
 from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
-from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.parallel.compile import apply_block_options
 from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
 from trainers.spec.config import TrainConfig
 
@@ -31,8 +31,7 @@ def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
     spec = spec_of(cfg)
     model = spec.meta_model()
-    if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model, spec)
+    apply_block_options(model, spec, cfg)
     apply_fsdp(model, spec, mesh, cfg.reshard_after_forward, cfg.dtype == "bf16",
                cfg.cpu_offload)
     # Offloaded shards live in CPU memory, where FSDP's CPUOffloadPolicy expects them.

@@ -17,7 +17,7 @@ from trainers.core.entry import run
 from trainers.core.materialize import materialize
 from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
-from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.parallel.compile import apply_block_options
 from trainers.parallel.ddp import DDPStrategy
 from trainers.parallel.spread import SpreadModel, parse_devices
 from trainers.spec.config import TrainConfig
@@ -27,8 +27,7 @@ def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     """The blocks spread over ``--devices`` in this process; DDP across processes."""
     spec = spec_of(cfg)
     model = spec.meta_model()
-    if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model, spec)
+    apply_block_options(model, spec, cfg)
     spread = SpreadModel(model, spec, parse_devices(cfg.devices))
     materialize(model, None, cfg.seed, spec)
     return DDPStrategy(spread, env)

@@ -20,7 +20,7 @@ from trainers.core.entry import run
 from trainers.core.materialize import materialize
 from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
-from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.parallel.compile import apply_block_options
 from trainers.parallel.pipeline import PipelineStrategy, split_stage, stage_indices
 from trainers.spec.config import TrainConfig
 
@@ -36,8 +36,7 @@ def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     parts = []
     for index in indices:
         part = split_stage(spec.meta_model(), spec, index, num_stages)
-        if cfg.activation_checkpointing:
-            apply_activation_checkpointing(part, spec)
+        apply_block_options(part, spec, cfg)
         materialize(part, env.device, cfg.seed, spec)
         parts.append(part)
     return PipelineStrategy(parts, spec, indices, cfg, mesh, env.device)

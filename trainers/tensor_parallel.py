@@ -18,7 +18,7 @@ from trainers.core.entry import run
 from trainers.core.materialize import materialize
 from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
-from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.parallel.compile import apply_block_options
 from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
 from trainers.parallel.tensor_parallel import apply_tensor_parallel
 from trainers.spec.config import TrainConfig
@@ -32,8 +32,7 @@ def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     spec = spec_of(cfg)
     model = spec.meta_model()
     apply_tensor_parallel(model, spec, mesh["tp"], cfg.sequence_parallel)
-    if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model, spec)
+    apply_block_options(model, spec, cfg)
     if dp > 1:
         apply_fsdp(model, spec, mesh["dp"], cfg.reshard_after_forward, cfg.dtype == "bf16",
                    cfg.cpu_offload)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from trainers.core.data import BatchStream, MarkovChainDataset, build_datasets, 
 from trainers.core.distributed import DistEnv
 from trainers.core.metrics import (
     MetricsWriter,
+    bf16_matmul_hardware,
     format_line,
     measure_peak_flops,
     peak_memory_bytes,
@@ -109,6 +111,10 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     if resume_from is not None:
         writer.print(f"resumed from {resume_from} at step {start_step}")
     compute_dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+    if cfg.dtype == "bf16" and bf16_matmul_hardware(env.device) is None:
+        writer.print(f"warning: this {env.device.type} has no bf16 matmul hardware (AMX, "
+                     "AVX512-BF16 or an Ampere GPU): bf16 is converted in software and slower "
+                     "than fp32; --dtype fp32 trains faster here")
     peak_flops = (cfg.peak_tflops * 1e12 or measure_peak_flops(env.device, compute_dtype))
     # MFU = tokens/s x model FLOPs per token / (peak FLOP/s per device x devices)
     mfu_per_token_per_s = model_cfg.flops_per_token(cfg.seq_len) / (peak_flops * env.world_size)
@@ -205,6 +211,10 @@ def _summarize(cfg: TrainConfig, env: DistEnv, history: list[dict[str, float]],
         "data_share": sum(m["data_share"] for m in timed) / len(timed),
         "wall_time_s": wall_time,
     }
+    if cfg.compile:
+        # Blocks compile during the first step of each attempt: its time beyond a compiled step.
+        summary["compile_time_s"] = history[0]["step_time_s"] - statistics.median(
+            m["step_time_s"] for m in timed)
     evals = [m["eval_loss"] for m in history if "eval_loss" in m]
     if evals:
         summary["final_eval_loss"] = evals[-1]

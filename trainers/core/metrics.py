@@ -7,6 +7,7 @@ resident set size on the CPU. MFU divides achieved FLOP/s by a peak the user set
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import resource
@@ -23,6 +24,21 @@ def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def bf16_matmul_hardware(device: torch.device) -> str | None:
+    """What multiplies bf16 matrices natively on ``device`` (AMX or AVX512-BF16 on a CPU, an
+    Ampere or newer GPU), or None: bf16 is then converted in software and slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device) if torch.cuda.is_bf16_supported(False) else None
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    return next((name for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"))
+                 if flag in flags), None)
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3,

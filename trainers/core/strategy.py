@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from trainers.core.data import Batch
+from trainers.core.loss import cross_entropy
 
 
 class Strategy:
@@ -46,8 +46,7 @@ class Strategy:
 
     def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of one micro-batch."""
-        logits = self.model(inputs)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.to(logits.device).flatten())
+        return cross_entropy(self.model(inputs), targets)
 
     def forward_backward(self, micro_batches: Sequence[Batch],
                          autocast: contextlib.AbstractContextManager[None]) -> torch.Tensor:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import (
@@ -29,6 +28,7 @@ from torch.distributed.pipelining import (
 )
 
 from trainers.core.data import Batch
+from trainers.core.loss import cross_entropy
 from trainers.core.model_spec import ModelSpec
 from trainers.core.strategy import Strategy
 from trainers.parallel.pipeline_timeline import TimedStage
@@ -99,10 +99,6 @@ def _parameter(part: nn.Module, name: str) -> nn.Parameter | None:
         return None
 
 
-def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-
 class PipelineStrategy(Strategy):
     """This rank's stages of every pipeline replica, driven by one schedule per step."""
 
@@ -122,7 +118,8 @@ class PipelineStrategy(Strategy):
         self.steps_recorded = 0
         schedule_class = SCHEDULES[cfg.schedule]
         stages = self.stages if cfg.virtual_stages > 1 else self.stages[0]
-        self.schedule = schedule_class(stages, n_microbatches=cfg.microbatches, loss_fn=_loss)
+        self.schedule = schedule_class(stages, n_microbatches=cfg.microbatches,
+                                       loss_fn=cross_entropy)
         self.last_rank = dist.get_global_rank(self.pp_group, (num_stages - 1) % pp)
         self.holds_last = (num_stages - 1) in indices
         shared = spec.shared_parameters

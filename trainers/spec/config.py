@@ -80,6 +80,8 @@ class TrainConfig:
     # execution
     dtype: str = _opt("fp32", "compute dtype: fp32, or bf16 autocast", choices=["fp32", "bf16"])
     activation_checkpointing: bool = _opt(False, "recompute each block's activations in backward")
+    compile: bool = _opt(False, "torch.compile each block (inductor; the first steps include "
+                         "compilation, reported as compile_time_s)", negatable=True)
     device: str = _opt("auto", "auto (cuda if visible, else cpu), cpu or cuda",
                        choices=["auto", "cpu", "cuda"])
     backend: str = _opt("auto", "process-group backend: auto (nccl on cuda, else gloo), gloo, nccl",

@@ -20,8 +20,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from trainers.spec.errors import ConfigError, MissingPathError
 from trainers.spec.token_file import token_file_writer
 from trainers.spec.tokenizer import TextTokenizer
@@ -156,6 +154,8 @@ def tokenize_corpus(files: Sequence[Path], text_field: str, tokenizer: TextToken
     """Tokenize ``files`` into token file ``target`` (written atomically), with
     ``tokenizer.end_of_text`` between documents; return the token count. ``progress`` is
     called after each batch and file."""
+    import numpy as np  # here, not at the top: components import this module
+
     eot = (np.array([], dtype=np.int64) if tokenizer.end_of_text is None
            else np.array([tokenizer.end_of_text], dtype=np.int64))
     written = 0

@@ -9,7 +9,8 @@ A token file is a 16-byte header, then little-endian token ids:
 A raw array (nanoGPT's ``train.bin``) is ids only, no header; its dtype and vocabulary come
 from ``--token-dtype`` and ``--vocab-size``. Written by ``python -m trainers.prepare_data``
 and the training run's text cache, read by :class:`trainers.core.data.TokenFileDataset`.
-Needs numpy only, so components can check a ``--data`` file without importing torch.
+Needs numpy only, and only once ids are read or written, so components can check a ``--data``
+file without importing torch or numpy.
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from trainers.spec.errors import ConfigError, MissingPathError
+
+if TYPE_CHECKING:  # numpy loads when ids are read or written: components import this module
+    import numpy as np
 
 TOKEN_FILE_HEADER = 16
 MAGIC_UINT16 = b"TXTOKEN1"
 MAGIC_SIZED = b"TXTOKEN2"
-TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+TOKEN_DTYPES = {"uint16": "<u2", "uint32": "<u4"}  # numpy dtype strings of the id widths
 _SCAN_CHUNK = 1 << 24  # ids per chunk when scanning a raw array for its largest id
 
 MAKE_ONE = "make one with `python -m trainers.prepare_data TEXT OUT.bin`"
@@ -49,20 +52,24 @@ class TokenArray:
 
     def open(self) -> np.memmap:
         """The ids, memory-mapped read-only."""
+        import numpy as np
+
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset,
                          shape=(self.count,))
 
 
 def dtype_for(vocab_size: int) -> np.dtype:
     """The narrowest id dtype that holds ids below ``vocab_size``: uint16 up to 65,536."""
-    return TOKEN_DTYPES["uint16" if vocab_size <= 1 << 16 else "uint32"]
+    import numpy as np
+
+    return np.dtype(TOKEN_DTYPES["uint16" if vocab_size <= 1 << 16 else "uint32"])
 
 
 def _header(vocab_size: int) -> bytes:
     dtype = dtype_for(vocab_size)
     magic = MAGIC_UINT16 if dtype.itemsize == 2 else MAGIC_SIZED
     width = 0 if dtype.itemsize == 2 else dtype.itemsize
-    return magic + np.array([vocab_size, width], dtype="<u4").tobytes()
+    return magic + vocab_size.to_bytes(4, "little") + width.to_bytes(4, "little")
 
 
 @contextmanager
@@ -73,6 +80,8 @@ def token_file_writer(path: Path, vocab_size: int) -> Iterator[Callable[[np.ndar
     is removed."""
     if vocab_size > 1 << 32:
         raise ConfigError(f"vocab size {vocab_size} exceeds uint32 ids; use a smaller tokenizer")
+    import numpy as np
+
     dtype = dtype_for(vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
@@ -109,10 +118,10 @@ def read_header(path: Path) -> TokenArray:
         raise ConfigError(f"--data {path}: no token-file header (not a token file); {MAKE_ONE}, "
                           "or for a raw array of ids (nanoGPT) pass --token-dtype uint16|uint32 "
                           "and --vocab-size N")
-    vocab, width = (int(v) for v in np.frombuffer(header[8:], dtype="<u4"))
+    vocab, width = (int.from_bytes(header[i:i + 4], "little") for i in (8, 12))
     if header[:8] == MAGIC_UINT16:
         width = 2
-    dtype = {d.itemsize: d for d in TOKEN_DTYPES.values()}.get(width)
+    dtype = {2: dtype_for(1 << 16), 4: dtype_for(1 << 17)}.get(width)
     if dtype is None:
         raise ConfigError(f"--data {path}: unknown id width {width} in the header; {MAKE_ONE}")
     return TokenArray(path, dtype, TOKEN_FILE_HEADER, vocab)
@@ -124,7 +133,9 @@ def raw_tokens(path: Path, token_dtype: str, vocab_size: int) -> TokenArray:
     if has_header(path):
         raise ConfigError(f"--data {path} is a token file with a header; drop --token-dtype "
                           "and --vocab-size (the header holds both)")
-    dtype = TOKEN_DTYPES[token_dtype]
+    import numpy as np
+
+    dtype = np.dtype(TOKEN_DTYPES[token_dtype])
     size = path.stat().st_size
     if size % dtype.itemsize:
         raise ConfigError(f"--data {path}: {size} bytes are not whole {token_dtype} ids; pass "

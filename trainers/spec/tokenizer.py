@@ -13,11 +13,12 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from trainers.spec.errors import ConfigError, MissingPathError
+
+if TYPE_CHECKING:  # numpy loads when text is encoded: components import this module
+    import numpy as np
 
 BYTES = "bytes"
 BYTES_END_OF_TEXT = 0xFF
@@ -37,6 +38,8 @@ class TextTokenizer:
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
         """The ids of each text (no special tokens added)."""
+        import numpy as np
+
         if self.hf is None:
             return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
         return [np.asarray(e.ids, dtype=np.int64)
