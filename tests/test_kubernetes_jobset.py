@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from components.errors import ComponentArgumentError
 from components.schedulers.jobset import PRIORITY_LABEL, QUEUE_LABEL, RANK0_ENV
 from components.schedulers.k8s_pod import HOME_DIR, OUTPUTS_DIR, USER_ID
 from components.schedulers.k8s_preemption import DEFAULT_TERMINATION_GRACE_S
@@ -128,10 +129,22 @@ def test_pod_options_and_max_retries_are_rendered():
         assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"]["sizeLimit"] == "512Mi"
 
 
-# (-cfg, the last line's fragment). Each runs the real CLI with no .torchxconfig.
+def test_missing_local_queue_is_one_line_from_the_cli(tmp_path):
+    """Through the real ``torchx run`` with no .torchxconfig: one line, exit 1, no request."""
+    args = dryrun_args("ddp", "2x1", ("--model", "tiny"), "namespace=torchx-templates",
+                       path=REPO / "components/ddp.py", scheduler=JOBSET)
+    proc = torchx_cli(*args, cwd=tmp_path, env={"HOME": str(tmp_path)}, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "=== SCHEDULER REQUEST ===" not in proc.stdout
+    assert proc.stderr.splitlines()[-1] == (
+        " kubernetes_jobset: no Kueue LocalQueue given; pass -cfg local_queue=torchx-templates "
+        "(the LocalQueue k8s/overlays/kueue creates; kubectl get localqueues -n NAMESPACE lists "
+        "others) or set local_queue in .torchxconfig's [kubernetes_jobset] section")
+
+
+# (-cfg, the error's fragment): refused by the strict -cfg reader or by submit_dryrun (what
+# ``torchx run`` calls before submitting; the test above shows the CLI prints the one line).
 BAD_INPUT = [
-    ("namespace=torchx-templates", "kubernetes_jobset: no Kueue LocalQueue given; pass -cfg "
-     "local_queue=torchx-templates (the LocalQueue k8s/overlays/kueue creates"),
     ("local_queue=Team_A", "local_queue='Team_A' is invalid: must be a DNS-1123 label"),
     ("local_queue=team.a", "local_queue='team.a' is invalid: must be a DNS-1123 label"),
     ("local_queue=" + "q" * 64, "must be a DNS-1123 label"),
@@ -141,18 +154,19 @@ BAD_INPUT = [
     ("local_queue=q,termination_grace_s=0", "termination_grace_s=0 kills an evicted or "
      "preempted pod"),
     ("local_queue=q,shm_size=lots", "shm_size='lots' is invalid"),
+    ("local_queue=q,node_shapes=1/1Gi", "role ddp asks each pod for 2 CPUs"),
 ]
 
 
 @pytest.mark.parametrize(("cfg", "fragment"), BAD_INPUT)
-def test_bad_input_is_one_line_before_submission(tmp_path, cfg, fragment):
-    args = dryrun_args("ddp", "2x1", ("--model", "tiny"), cfg, path=REPO / "components/ddp.py",
-                       scheduler=JOBSET)
-    proc = torchx_cli(*args, cwd=tmp_path, env={"HOME": str(tmp_path)}, timeout=120)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr and "=== SCHEDULER REQUEST ===" not in proc.stdout
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert fragment in lines[-1], proc.stderr[-2000:]
+def test_bad_input_is_one_line_before_submission(cfg, fragment):
+    from torchx.components.dist import ddp
+
+    scheduler = KubernetesJobSetScheduler("test")
+    with pytest.raises(ComponentArgumentError) as info:
+        scheduler.submit_dryrun(ddp(m="trainers.ddp", j="2x1"),
+                                scheduler.run_opts().cfg_from_str(cfg))
+    assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
 def test_elastic_size_warns_in_one_line_and_runs_the_maximum():
