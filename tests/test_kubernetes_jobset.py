@@ -11,9 +11,11 @@ import pytest
 
 from components.errors import ComponentArgumentError
 from components.schedulers.jobset import PRIORITY_LABEL, QUEUE_LABEL, RANK0_ENV
+from components.schedulers.k8s_common import POD_OPTS
 from components.schedulers.k8s_pod import HOME_DIR, OUTPUTS_DIR, USER_ID
 from components.schedulers.k8s_preemption import DEFAULT_TERMINATION_GRACE_S
 from components.schedulers.kubernetes_jobset import KubernetesJobSetScheduler
+from components.torchx_compat import torchrun_app
 from tests.conftest import torchx_cli
 from tests.k8s_support import REPO, dryrun_args, jobset_pods, render, validate_core, validate_jobset
 from tests.test_kubernetes_render import CASES, TRAINER_ARGS
@@ -33,7 +35,9 @@ def test_entry_point_is_the_jobset_scheduler_with_every_pod_option():
     assert isinstance(scheduler, KubernetesJobSetScheduler)
     opts = dict(scheduler.run_opts())
     volcano = dict(get_scheduler_factories()["kubernetes"]("test").run_opts())
-    assert set(volcano) - {"queue", "image_repo"} <= set(opts)  # the same pod options
+    shared = {name for name, *_ in POD_OPTS} | {"validate_spec", "namespace", "service_account",
+                                                "priority_class"}
+    assert shared <= set(opts) & set(volcano)  # the same pod options as kubernetes
     assert {"local_queue", "workload_priority_class"} <= set(opts) and "queue" not in opts
 
 
@@ -160,11 +164,9 @@ BAD_INPUT = [
 
 @pytest.mark.parametrize(("cfg", "fragment"), BAD_INPUT)
 def test_bad_input_is_one_line_before_submission(cfg, fragment):
-    from torchx.components.dist import ddp
-
     scheduler = KubernetesJobSetScheduler("test")
     with pytest.raises(ComponentArgumentError) as info:
-        scheduler.submit_dryrun(ddp(m="trainers.ddp", j="2x1"),
+        scheduler.submit_dryrun(torchrun_app(m="trainers.ddp", j="2x1"),
                                 scheduler.run_opts().cfg_from_str(cfg))
     assert fragment in str(info.value) and "\n" not in str(info.value)
 

@@ -32,13 +32,14 @@ from torchx.schedulers.api import (
     AppDryRunInfo,
     DescribeAppResponse,
     ListAppResponse,
+    Scheduler,
     Stream,
     filter_regex,
     split_lines,
 )
 from torchx.schedulers.ids import make_unique
 from torchx.schedulers.kubernetes_scheduler import KubernetesScheduler as _TorchXKubernetes
-from torchx.specs import AppDef, ReplicaStatus, Role, RoleStatus, runopts
+from torchx.specs import AppDef, CfgVal, ReplicaStatus, Role, RoleStatus, runopts
 from torchx.util.strings import normalize_str
 
 from components.errors import ComponentArgumentError
@@ -57,6 +58,7 @@ from components.schedulers.jobset_status import app_state, current_pods, replica
 from components.schedulers.k8s_common import HardenedPods, check_object_names, pod_options
 from components.schedulers.k8s_pod import customize_pod
 from components.schedulers.run_options import StrictRunOptions
+from components.torchx_compat import dryrun_cfg
 
 NAME = "kubernetes_jobset"
 logger = logging.getLogger(__name__)
@@ -129,8 +131,13 @@ def log_lines(chunks: Iterable[bytes]) -> Iterator[str]:
         yield pending
 
 
-class KubernetesJobSetScheduler(StrictRunOptions, HardenedPods, _TorchXKubernetes):
-    """JobSet + Kueue with the ``kubernetes`` scheduler's pod options and hardening."""
+class KubernetesJobSetScheduler(StrictRunOptions, HardenedPods, _TorchXKubernetes,
+                                Scheduler[Mapping[str, CfgVal]]):
+    """JobSet + Kueue with the ``kubernetes`` scheduler's pod options and hardening.
+
+    Its run options are a plain mapping on both TorchX versions (the ``Scheduler[...]`` base:
+    TorchX main would otherwise convert them to its Volcano options, which require a queue).
+    """
 
     registered_as = NAME
 
@@ -177,9 +184,7 @@ class KubernetesJobSetScheduler(StrictRunOptions, HardenedPods, _TorchXKubernete
     def schedule(self, dryrun_info: AppDryRunInfo[JobSetRequest]) -> str:
         from kubernetes.client.rest import ApiException
 
-        cfg = dryrun_info._cfg
-        assert cfg is not None, f"{dryrun_info} missing cfg"
-        namespace = cfg.get("namespace") or "default"
+        namespace = dryrun_cfg(dryrun_info).get("namespace") or "default"
         self.push_images(dryrun_info.request.images_to_push)
         try:
             resp = self._custom_objects_api().create_namespaced_custom_object(
