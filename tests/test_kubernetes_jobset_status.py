@@ -77,7 +77,7 @@ class _Api(BaseHTTPRequestHandler):
 
     def _route(self, method: str) -> None:
         url = urlparse(self.path)
-        self.requests.append((method, url.path))
+        self.requests.append((method, url.path + (f"?{url.query}" if url.query else "")))
         jobset = self.objects["jobset"]
         base = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/torchx-templates/jobsets"
         if url.path == base and method == "GET":
@@ -85,6 +85,9 @@ class _Api(BaseHTTPRequestHandler):
                                     "kind": "JobSetList", "items": [jobset]})
         if url.path == base and method == "POST":
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.objects.get("refuse"):  # what the API server says of an invalid JobSet
+                return self._send(422, {"kind": "Status", "code": 422, "reason": "Invalid",
+                                        "message": self.objects["refuse"]})
             return self._send(201, body)
         if url.path == f"{base}/{jobset['metadata']['name']}":
             return self._send(200, jobset if method == "GET" else {"status": "Success"})
@@ -179,7 +182,28 @@ def test_schedule_creates_and_cancel_deletes_the_jobset(api):
     app_id = scheduler.schedule(info)
     assert app_id.startswith("torchx-templates:ddp-")
     assert ("POST", "/apis/jobset.x-k8s.io/v1alpha2/namespaces/torchx-templates/jobsets") \
-        in api.requests
+        in api.requests  # no dryRun: a real submission
     scheduler.cancel(APP_ID)
     assert ("DELETE", "/apis/jobset.x-k8s.io/v1alpha2/namespaces/torchx-templates/jobsets/"
-            + APP_ID.split(":")[1]) in api.requests
+            + APP_ID.split(":")[1] + "?propagationPolicy=Foreground") in api.requests
+
+
+def test_validate_spec_asks_the_server_for_a_dry_run_and_refusals_are_one_line(api):
+    from torchx.specs import AppDef, Role
+
+    from components.errors import ComponentArgumentError
+
+    app = AppDef("ddp", roles=[Role("ddp", image="torchx-templates:cpu", entrypoint="bash",
+                                    args=["-c", "true"], num_replicas=2)])
+    cfg = {"local_queue": "torchx-templates", "namespace": "torchx-templates",
+           "validate_spec": True}
+    api.objects = SCENARIOS["running"]
+    create_scheduler("test").submit_dryrun(app, cfg)
+    (post,) = [path for method, path in api.requests if method == "POST"]
+    assert post.endswith("/namespaces/torchx-templates/jobsets?dryRun=All")
+    api.objects = {**SCENARIOS["running"], "refuse": 'JobSet.jobset.x-k8s.io "ddp" is invalid:\n'
+                   'spec.replicatedJobs[0].name: Invalid value'}
+    with pytest.raises(ComponentArgumentError, match=r"^kubernetes_jobset: the API server "
+                       r"refuses the job \(422: JobSet.jobset.x-k8s.io \"ddp\" is invalid: "
+                       r"spec.replicatedJobs\[0\].name: Invalid value\); fix what it names"):
+        create_scheduler("test").submit_dryrun(app, cfg)
