@@ -9,6 +9,8 @@ difference is detected by the feature, not by a version number:
 * Schedulers receive their run options as a typed dataclass on main (``StructuredOpts``, read as
   ``cfg.option`` by the built-in schedulers) and as a plain dict on 0.7.0: :func:`replace_cfg`
   changes options and keeps the type.
+* A dry run's resolved options are ``AppDryRunInfo.cfg`` on main and ``._cfg`` on 0.7.0:
+  :func:`dryrun_cfg` reads either.
 * Main's Slurm scheduler picks a workspace builder per job (``workspace_type``) and builds
   through the builder, so a subclass's ``build_workspace_and_update_role`` is never called:
   :class:`SlurmSchedulerBase` routes the ``dir`` builder through it again, as on 0.7.0.
@@ -46,6 +48,11 @@ def replace_cfg(cfg: Cfg, **changes: CfgVal) -> Cfg:
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         return dataclasses.replace(cfg, **changes)  # type: ignore[return-value]
     return {**cfg, **changes}  # type: ignore[return-value]
+
+
+def dryrun_cfg(info: specs.AppDryRunInfo) -> Mapping[str, CfgVal]:
+    """The run options ``info`` (a scheduler's dry run) was resolved with."""
+    return info.cfg if hasattr(info, "cfg") else info._cfg  # type: ignore[attr-defined]
 
 
 def _slurm_scheduler_base() -> type:

@@ -24,9 +24,11 @@ from pathlib import Path
 import pytest
 
 from components.containers import EngineError, find_engine, image_size, reference_error
+from tests import jobset_local
 from tests.conftest import REPO, _env, torchx_cli
+from tests.pod_runner import Eviction, run_args
 from tests.test_faults import assert_same_run, without
-from tests.volcano_local import Eviction, pods, run_args, run_job, scheduler_request
+from tests.volcano_local import pods, run_job, scheduler_request
 
 IMAGE = os.environ.get("TORCHX_TEMPLATES_IMAGE", "torchx-templates:cpu")
 OUTPUTS = "/opt/torchx-templates/outputs"
@@ -175,13 +177,25 @@ def test_local_docker_without_a_docker_api(tmp_path):
     _one_line_error(proc, f"local_docker: no Docker API at unix://{tmp_path}/docker.sock")
 
 
-def _render_kubernetes(*trainer_args: str, cfg: str = "queue=default",
-                       options: tuple[str, ...] = ()) -> dict:
-    proc = torchx_cli("run", "--dryrun", "-s", "kubernetes", "-cfg", cfg,
+def _dryrun(scheduler: str, cfg: str, options: tuple[str, ...], trainer_args: tuple[str, ...]
+            ) -> str:
+    """What ``torchx run --dryrun -s SCHEDULER`` prints for ddp on 2 nodes of 1 process."""
+    proc = torchx_cli("run", "--dryrun", "-s", scheduler, "-cfg", cfg,
                    "--workspace", "", "components/ddp.py:ddp", "-j", "2x1", "--image", IMAGE,
                    *ONE_THREAD, *options, "--", *trainer_args, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return scheduler_request(proc.stdout)
+    return proc.stdout
+
+
+def _render_kubernetes(*trainer_args: str, cfg: str = "queue=default",
+                       options: tuple[str, ...] = ()) -> dict:
+    return scheduler_request(_dryrun("kubernetes", cfg, options, trainer_args))
+
+
+def _render_jobset(*trainer_args: str, cfg: str = "local_queue=default",
+                   options: tuple[str, ...] = ()) -> dict:
+    return jobset_local.scheduler_request(_dryrun("kubernetes_jobset", cfg, options,
+                                                  trainer_args))
 
 
 def test_rendered_kubernetes_job_becomes_pods_with_volcano_names_and_env(tmp_path):
@@ -201,6 +215,24 @@ def test_rendered_kubernetes_job_becomes_pods_with_volcano_names_and_env(tmp_pat
     assert "shm" in [m.kind for m in rendered[0].mounts]  # /dev/shm, an emptyDir in memory
     assert [(p.grace_s, p.policies) for p in rendered] == [
         (300, {"PodEvicted": "TerminateJob", "PodFailed": "TerminateJob"})] * 2
+
+
+def test_rendered_jobset_becomes_pods_with_jobset_names_and_env():
+    jobset = _render_jobset(*TRAIN)
+    name = jobset["metadata"]["name"]
+    rendered = jobset_local.pods(jobset)
+    assert [p.name for p in rendered] == [f"{name}-ddp-0-0", f"{name}-ddp-0-1"]
+    assert [p.fqdn for p in rendered] == [f"{name}-ddp-0-0.{name}", f"{name}-ddp-0-1.{name}"]
+    assert [p.env["JOB_COMPLETION_INDEX"] for p in rendered] == ["0", "1"]
+    for pod in rendered:  # one template: both reach the first pod by its JobSet name
+        assert pod.env["TORCHX_RANK0_HOST"] == f"{name}-ddp-0-0.{name}"
+        assert re.search(r"--rdzv_endpoint \$\{TORCHX_RANK0_HOST:=localhost\}:\d+ ",
+                         pod.command[2])
+        assert "--read-only" in run_args("podman", pod, "net", Path("/claims"))
+    assert [(p.grace_s, p.policies) for p in rendered] == [
+        (300, {"PodFailed": "RestartJobSet", "PodEvicted": "RestartJobSet"})] * 2
+    assert jobset_local.expand("a $(JOB_COMPLETION_INDEX) $(UNSET) $$(X)",
+                               rendered[1].env) == "a 1 $(UNSET) $(X)"
 
 
 def _harden(job: dict) -> dict:
@@ -241,7 +273,7 @@ def test_hardened_pod_runs_read_only_with_its_volumes(tmp_path):
 @pytest.mark.parametrize("quantity, size", [("1Gi", 2**30), ("512Mi", 512 * 2**20),
                                              ("1G", 10**9), ("64", 64), ("bad", None)])
 def test_kubernetes_quantities_become_container_sizes(quantity, size):
-    from tests.volcano_local import UnsupportedPod, _docker_size
+    from tests.pod_runner import UnsupportedPod, _docker_size
 
     if size is None:
         with pytest.raises(UnsupportedPod):
@@ -489,3 +521,31 @@ def test_evicted_pod_restarts_the_job_which_resumes_where_it_stopped(engine, tmp
           f"({', '.join(str(pod.exit_code) for pod in result.runs[0])}) "
           f"{stop_s:.1f} s and were running again {result.restarted_at - result.evicted_at:.1f} "
           "s after the SIGTERM")
+
+
+@pytest.mark.slow
+def test_rendered_jobset_trains_as_containers(engine, tmp_path):
+    """The JobSet's 2 pods, with JobSet's host names and the Job's index, rendezvous through
+    the first pod's name and train to the end (the hardened pods: read-only root, uid 1000)."""
+    jobset = _render_jobset(*TRAIN)
+    result = jobset_local.run_jobset(engine, jobset, f"jobset-{uuid.uuid4().hex[:8]}",
+                                     tmp_path / "claims", binds={OUTPUTS: tmp_path / "outputs"})
+    for pod in result.runs[-1]:
+        assert pod.exit_code == 0, f"{pod.name}:\n{pod.logs[-4000:]}"
+    assert (result.phase, result.retries) == ("Completed", 0)
+    (summary,) = sorted(tmp_path.rglob(f"{jobset['metadata']['name']}/summary.json"))
+    _trained(summary, world_size=2)
+
+
+@pytest.mark.slow
+def test_failing_jobset_is_restarted_max_retries_times(engine, tmp_path):
+    """A failed pod fails its Job (backoffLimit 0); the JobSet restarts --max_retries times
+    (maxRestarts, here 1), then fails."""
+    jobset = _render_jobset(*TRAIN, options=("--max_retries", "1"))
+    for rj in jobset["spec"]["replicatedJobs"]:
+        rj["template"]["spec"]["template"]["spec"]["containers"][0]["command"] = [
+            "python3", "-c", "exit(1)"]
+    result = jobset_local.run_jobset(engine, jobset, f"jobset-{uuid.uuid4().hex[:8]}",
+                                     tmp_path / "claims", binds={OUTPUTS: tmp_path / "outputs"})
+    assert (result.phase, result.retries, len(result.runs)) == ("Failed", 1, 2)
+    assert {pod.exit_code for run in result.runs for pod in run} == {1}

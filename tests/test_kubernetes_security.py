@@ -1,5 +1,5 @@
-"""checkov on k8s/ and on the pods every rendered Volcano Job creates: no failed check, and
-each skipped check justified beside its id."""
+"""checkov on k8s/ and on the pods every rendered Volcano Job and JobSet creates: no failed
+check, and each skipped check justified beside its id."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tests.checkov_runner import checkov_executable, failures, scan
-from tests.k8s_support import K8S_DIR, REPO, pod_of, render
+from tests.k8s_support import K8S_DIR, REPO, jobset_pods, pod_of, render
 from tests.test_kubernetes_render import TRAINER_ARGS
 
 # Checks skipped for the rendered training pods, each with its reason. Nothing is skipped for
@@ -52,13 +52,26 @@ def test_checkov_passes_every_rendered_pod(checkov, tmp_path):
         "node_selector=pool:train,tolerations=nvidia.com/gpu:NoSchedule,"
         "secret_env=HF_TOKEN:hf-token:token,secret_volumes=gcs-key:/var/run/gcs,"
         "image_pull_secrets=registry-creds,shm_size=512Mi")))
-    for i, job in enumerate(jobs):
-        pods = [pod_of(job, task) for task in job["spec"]["tasks"]]
+    _assert_pods_pass(checkov, tmp_path, [[pod_of(job, task) for task in job["spec"]["tasks"]]
+                                          for job in jobs])
+
+
+def test_checkov_passes_every_rendered_jobset_pod(checkov, tmp_path):
+    """The same for ``-s kubernetes_jobset``: the pods of every component's JobSet."""
+    jobsets = [render(c, "1x1" if c == "model_parallel" else "2x2", TRAINER_ARGS[c],
+                      scheduler="kubernetes_jobset") for c in TRAINER_ARGS]
+    _assert_pods_pass(checkov, tmp_path, [jobset_pods(jobset) for jobset in jobsets])
+
+
+def _assert_pods_pass(checkov, tmp_path, jobs_pods: list[list[dict]]) -> None:
+    """checkov finds nothing (but :data:`POD_SKIPS`) in the pods of each job, scanned next to
+    k8s/'s NetworkPolicy (which selects them)."""
+    for i, pods in enumerate(jobs_pods):
         for pod in pods:
             pod["metadata"]["namespace"] = "torchx-templates"  # .torchxconfig's namespace
         (tmp_path / f"job-{i}.yaml").write_text(yaml.safe_dump_all(pods))
     shutil.copy(K8S_DIR / "network-policy.yaml", tmp_path)
     report = scan(checkov, tmp_path, skip=POD_SKIPS)
-    assert report["summary"]["resource_count"] >= 2 * len(jobs)
+    assert report["summary"]["resource_count"] >= 2 * len(jobs_pods)
     assert report["summary"]["parsing_errors"] == 0
     assert failures(report) == []

@@ -14,6 +14,7 @@ from torchx.schedulers import DEFAULT_SCHEDULER_MODULES, get_scheduler_factories
 
 from components.errors import ComponentArgumentError
 from components.schedulers import torchx_builtins
+from components.schedulers.kubernetes_jobset import KubernetesJobSetScheduler
 from components.schedulers.kubernetes_volcano import KubernetesScheduler
 from components.schedulers.local_cwd import LocalCwdScheduler
 from components.schedulers.local_docker import DockerScheduler
@@ -21,7 +22,8 @@ from components.schedulers.slurm import ExtendedSlurmScheduler
 from tests.conftest import REPO, losses, torchx_cli
 
 OURS = {"local_cwd": LocalCwdScheduler, "local_docker": DockerScheduler,
-        "slurm": ExtendedSlurmScheduler, "kubernetes": KubernetesScheduler}
+        "slurm": ExtendedSlurmScheduler, "kubernetes": KubernetesScheduler,
+        "kubernetes_jobset": KubernetesJobSetScheduler}
 
 
 def test_the_table_is_torchxs_with_ours_in_place_of_its_own():

@@ -54,3 +54,24 @@ def test_kind_workflow_runs_ddp_and_fsdp_on_two_pods_with_the_pinned_stack():
     assert "for component in ddp fsdp" in script and "-j 2x1" in script
     assert "--wait" in script and "State: SUCCEEDED" in script and 'torchx log "$handle"' in script
     assert "kubectl config use-context torchx-submitter" in script
+
+
+def test_kind_workflow_runs_ddp_and_fsdp_through_jobset_and_kueue():
+    workflow = yaml.safe_load((REPO / ".github/workflows/e2e-kind.yml").read_text())
+    # the releases whose CRD schemas the tests use (.ci/run: ../shared/schemas/)
+    assert (workflow["env"]["JOBSET_VERSION"], workflow["env"]["KUEUE_VERSION"]) == (
+        "v0.12.0", "v0.19.2")
+    steps = workflow["jobs"]["e2e-jobset"]["steps"]
+    script = "\n".join(s.get("run", "") for s in steps)
+    for project, version in (("jobset", "JOBSET_VERSION"), ("kueue", "KUEUE_VERSION")):
+        assert (f"kubectl apply --server-side -f \"https://github.com/kubernetes-sigs/{project}/"
+                f"releases/download/${{{version}}}/manifests.yaml\"") in script
+        assert f"kubectl -n {project}-system wait --for=condition=Available" in script
+    assert script.index("jobset/releases") < script.index("kueue/releases")
+    assert "kubectl apply -k k8s/overlays/kind-kueue" in script
+    assert f"kind load docker-image {DEFAULT_IMAGE}" in script
+    assert "for component in ddp fsdp" in script and "-j 2x1" in script
+    assert "-s kubernetes_jobset -cfg local_queue=torchx-templates" in script
+    assert "--wait" in script and "State: SUCCEEDED" in script and 'torchx log "$handle"' in script
+    assert "kubectl config use-context torchx-submitter" in script
+    assert "kubectl auth can-i create jobsets.jobset.x-k8s.io" in script
