@@ -7,6 +7,7 @@ resident set size on the CPU. MFU divides achieved FLOP/s by a peak the user set
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import resource
@@ -58,12 +59,21 @@ def _human_bytes(value: float) -> str:
     return f"{value:.1f}TiB"
 
 
-def format_line(step: int, total: int, m: dict[str, Any]) -> str:
-    """``step | loss | grad_norm | lr | tok/s | mfu | mem | data`` in one line."""
-    return (f"step {step:>{len(str(total))}}/{total} | loss {m['loss']:.4f} | "
+def _clock(seconds: float) -> str:
+    """``seconds`` as H:MM:SS."""
+    return str(datetime.timedelta(seconds=round(seconds)))
+
+
+def format_line(step: int, total: int, m: dict[str, Any], elapsed_s: float,
+                eta_s: float) -> str:
+    """``step | loss [| eval] | grad_norm | lr | tok/s | mfu | mem | data | elapsed, ETA`` in
+    one line; the eval loss on the steps that evaluate."""
+    evaluated = f" | eval {m['eval_loss']:.4f}" if "eval_loss" in m else ""
+    return (f"step {step:>{len(str(total))}}/{total} | loss {m['loss']:.4f}{evaluated} | "
             f"grad_norm {m['grad_norm']:.3f} | lr {m['lr']:.2e} | "
             f"tok/s {m['tokens_per_s']:,.0f} | mfu {100 * m['mfu']:.1f}% | "
-            f"mem {_human_bytes(m['peak_memory_bytes'])} | data {100 * m['data_share']:.1f}%")
+            f"mem {_human_bytes(m['peak_memory_bytes'])} | data {100 * m['data_share']:.1f}% | "
+            f"{_clock(elapsed_s)} elapsed, ETA {_clock(eta_s)}")
 
 
 class MetricsWriter:
