@@ -1,8 +1,8 @@
 """Atomic, verified ``torch.distributed.checkpoint`` save and resume of a whole run.
 
 The run's state is registered once, as ``Stateful`` objects: the model and optimizer
-(:class:`ModelAndOptimizer`), the step (:class:`Progress`), the LR schedule and the data
-position, all saved through DCP (sharded or not, so a checkpoint resumes at another world
+(:class:`ModelAndOptimizer`), the step (:class:`Progress`) and the data position, all saved
+through DCP (sharded or not, so a checkpoint resumes at another world
 size), and each rank's RNG (:class:`RankRNG`, restored at the same world size only).
 A checkpoint is ``<run>/checkpoints/step_<N>/``. It is written as ``step_<N>.tmp`` and
 renamed only after every rank finished and rank 0 wrote ``manifest.json`` (size and CRC-32 of

@@ -114,7 +114,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
         facts.update({"schedule_steps": saved["config"]["steps"], **saved.get("run", {})})
     start_step = progress.step
 
-    writer = MetricsWriter(run_dir, env.is_main, cfg.tensorboard, start_step)
+    writer = MetricsWriter(run_dir, env.is_main, cfg.tensorboard, start_step, cfg.steps)
     writer.print(f"run directory: {run_dir.resolve()}")
     if saved is not None:
         writer.print(f"resumed from {resume_from} at step {start_step}")
