@@ -1,7 +1,7 @@
 """Helpers for the Kubernetes tests: render through ``torchx run --dryrun``, validate manifests.
 
 Volcano objects are validated against the CRD schemas of the pinned Volcano release, read from
-the directory in ``VOLCANO_CRD_DIR`` (``.ci/run`` sets it; see README "Kubernetes (Volcano)"
+the directory in ``VOLCANO_CRD_DIR`` (``.ci/run`` sets it; see docs/kubernetes.md
 for fetching them); core objects against the Kubernetes OpenAPI schema of
 :data:`KUBERNETES_VERSION` with ``kubernetes-validate`` in strict mode (unknown fields fail).
 """
