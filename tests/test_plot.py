@@ -4,6 +4,7 @@ pipeline run's timeline."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -54,6 +55,9 @@ def test_runs_are_drawn_against_the_step_with_a_legend_of_their_differences(runs
     assert out.read_bytes()[:8] == PNG_SIGNATURE and out.stat().st_size > 10_000
     assert plot.main([str(runs / "a")]) == runs / "a" / "plot.png"
     assert plot.labels([loaded[0]]) == ["ddp --model tiny"]
+    shutil.copytree(runs / "a", tmp_path / "a-again")
+    alike = [loaded[0], plot.load_run(tmp_path / "a-again")]
+    assert plot.labels(alike) == ["ddp (a)", "ddp (a-again)"]
 
 
 @pytest.mark.slow

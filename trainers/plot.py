@@ -68,7 +68,8 @@ def load_run(path: Path) -> Run:
 
 def labels(runs: Sequence[Run]) -> list[str]:
     """A legend entry per run: its trainer and the options in which the runs differ (one run:
-    its trainer and model), else its directory."""
+    its trainer and model), with its directory's name where that leaves two alike; a run
+    without config.json: its directory."""
     options = [run.config.get("options", {}) for run in runs]
     names = sorted({k for o in options for k in o if k not in ("output_dir", "resume")})
     differing = [k for k in names if len({json.dumps(o.get(k)) for o in options}) > 1]
@@ -84,6 +85,8 @@ def labels(runs: Sequence[Run]) -> list[str]:
         if len(runs) > 1 and len({r.config.get("world_size") for r in runs}) > 1:
             parts.append(f"{run.config['world_size']} ranks")
         result.append(" ".join(parts))
+    if len(set(result)) < len(result):  # runs alike in every option: tell them by directory
+        result = [f"{label} ({run.path.name})" for label, run in zip(result, runs, strict=True)]
     return result
 
 

@@ -198,10 +198,10 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
                    preempted=preempted.name if preempted else None, saved_step=saved_step)
     if env.is_main and history:
         write_summary(run_dir, summary)
-        writer.print("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
-                                             f"{k}={v}" for k, v in summary.items()))
         writer.print(f"run directory: {run_dir.resolve()} (plot it: python -m trainers.plot "
                      f"{run_dir})")
+        writer.print("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
+                                             f"{k}={v}" for k, v in summary.items()))
     return summary
 
 
