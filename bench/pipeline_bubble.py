@@ -8,6 +8,7 @@ from typing import Any
 
 from bench import harness
 from trainers.parallel.pipeline_timeline import efficiency
+from trainers.plot import draw_timeline
 
 STAGES = 2
 QUICK = {"model": "tiny", "microbatches": (1, 2, 4), "steps": 3, "warmup": 1, "timeout_s": 120.0}
@@ -60,22 +61,12 @@ def run(plan: Plan, scratch: Path) -> dict[str, Any]:
 
 def draw(report: dict[str, Any], images: Path) -> list[Path]:
     """The timeline of GPipe and 1F1B at the largest m, and efficiency against m."""
-    runs, stages = report["runs"], range(report["stages"])
+    runs = report["runs"]
     pair = [r for r in runs if r["m"] == max(r["m"] for r in runs)]
     paths = [images / "pipeline_timeline.png", images / "pipeline_efficiency.png"]
     with harness.figure(paths[0], len(pair), 1, figsize=(11, 1.6 + 1.3 * len(pair))) as axes:
         for ax, result in zip(axes, pair, strict=True):
-            intervals = result["steps"][-1]["intervals"]
-            origin = min(i["start"] for i in intervals)
-            for i in intervals:
-                start, end = ((t - origin) * 1e3 for t in (i["start"], i["end"]))
-                ax.barh(i["stage"], end - start, left=start, height=0.6, edgecolor="black",
-                        color="#4C72B0" if i["kind"] == "F" else "#DD8452")
-                ax.text((start + end) / 2, i["stage"], f"{i['kind']}{i['microbatch']}",
-                        ha="center", va="center", fontsize=7, color="white")
-            ax.set(yticks=stages, yticklabels=[f"stage {s}" for s in stages],
-                   xlabel="ms since the step's first forward (F: forward, B: backward)")
-            ax.invert_yaxis()
+            draw_timeline(ax, result["steps"][-1]["intervals"])
             ax.set_title(f"{result['schedule']}, m={result['m']}: efficiency "
                          f"{result['efficiency']:.2f} (formula {result['formula']:.2f})",
                          fontsize=10)

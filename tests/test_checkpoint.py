@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY, losses, run_trainer
+from tests.test_faults import without
 from trainers.core.checkpoint import (
     Checkpointer,
     ModelAndOptimizer,
@@ -134,3 +135,40 @@ def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line(tmp_path, worl
         parse_config(["--output-dir", str(tmp_path)], "ddp", world_sizes=[1])
     with pytest.raises(ConfigError, match=message):
         ckpt.choose("auto")
+
+
+def _metrics(run_dir) -> dict[int, dict[str, float]]:
+    return {r["step"]: r for r in map(json.loads,
+                                      (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_a_resume_tells_the_truth(tmp_path):
+    """config.json records the run; extending --steps keeps the rate of the last step (no jump)
+    and says so; the summary's first loss is the run's; a complete run says how to continue;
+    every changed option is listed in one warning."""
+    args = [*without(TINY, "--resume", "--steps", "--warmup-steps"), "--output-dir",
+            str(tmp_path), "--checkpoint-every", "2", "--steps", "4", "--warmup-steps", "1"]
+    first = run_trainer(args)
+    assert f"run directory: {tmp_path}" in first.stdout
+    record = json.loads((tmp_path / "config.json").read_text())
+    assert record["command"] == ["python", "-m", "trainers.ddp", *args]
+    assert record["options"]["steps"] == 4 and record["world_size"] == 1
+    assert record["git"]["commit"] and record["versions"]["torch"]
+    first_loss = json.loads((tmp_path / "summary.json").read_text())["first_loss"]
+
+    extended = run_trainer([*args[:-4], "--steps", "6", "--warmup-steps", "1"])
+    assert "resumed from" in extended.stdout and "at step 4" in extended.stdout
+    assert "--steps 6 extends the run's 4-step schedule" in extended.stdout
+    lr = {step: m["lr"] for step, m in _metrics(tmp_path).items()}
+    assert lr[5] == lr[6] == pytest.approx(lr[4], rel=1e-12) and lr[3] > lr[4]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 4 and summary["first_loss"] == first_loss
+    assert summary["first_loss"] == _metrics(tmp_path)[1]["loss"]
+
+    done = run_trainer([*args[:-4], "--steps", "6", "--warmup-steps", "1", "--lr", "0.001"])
+    warnings = [line for line in done.stdout.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: resuming with changed options (they apply from step 7): "
+                        "--lr 0.003 -> 0.001"]
+    assert ("the run is already complete at step 6 (--steps 6); to train further pass --steps "
+            "N > 6") in done.stdout
+    assert not [line for line in done.stdout.splitlines() if line.startswith("step ")]

@@ -79,3 +79,19 @@ def test_nodes_ask_for_resources_by_their_gpus():
     assert _resource(app) == (96, 8, 1132416)
     with pytest.raises(ComponentArgumentError, match="4 processes per node with --gpu 8"):
         ddp("--model", "tiny", j="1x4", h="aws_p4d.24xlarge", gpu_type="a100-40gb")
+
+
+def test_torchx_builtins_lists_every_component_beside_torchxs_own():
+    """pyproject.toml's torchx.components entry points: one per trainer of the table, and
+    TorchX's own components (registering any replaces its list) still there."""
+    from tests.conftest import torchx_cli
+
+    proc = torchx_cli("builtins")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    listed = {line.split(". ", 1)[1].strip() for line in proc.stdout.splitlines()
+              if ". " in line}
+    assert listed >= {*TRAINERS, "dist.ddp", "utils.echo"}
+    assert not listed & {"launch_options", "trainer_app"}
+    dry = torchx_cli("run", "--dryrun", "fsdp", "-j", "1x2", "--", "--model", "tiny")
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "trainers.fsdp" in dry.stdout and "'name': 'fsdp'" in dry.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -312,3 +313,30 @@ def test_good_data_sources_pass(tmp_path):
 
 def test_model_vocab_is_the_models(tmp_path):
     assert model_vocab(parse("--model", "125m", tmp=tmp_path)) == 50304
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "tensor_parallel", "pipeline",
+                                  "model_parallel"])
+def test_help_shows_the_trainers_own_options_once_each(name):
+    """--help lists the options every trainer serves and this one's own, says when to use the
+    trainer, and shows each default once (none for an empty one)."""
+    from trainers.spec.config import build_parser
+    from trainers.spec.registry import TRAINERS, serving
+
+    text = build_parser(name).format_help()
+    assert TRAINERS[name].when.split(":")[0] in " ".join(text.split())
+    shown = set(re.findall(r"^  (--[a-z-]+)", text, re.MULTILINE))
+    for option in ("tp", "pp", "schedule", "cpu_offload", "devices", "reshard_after_forward"):
+        flag = "--" + option.replace("_", "-")
+        assert (flag in shown) == (name in serving(option)), (name, flag)
+    assert "--model" in shown and "--output-dir" in shown
+    entries = re.split(r"\n  (?=-)", text.split("options:", 1)[1])
+    assert all(entry.count("(default:") <= 1 for entry in entries)
+    assert "(default: )" not in text
+    assert f"(default: outputs/{name})" in " ".join(text.split())
+
+
+def test_an_option_hidden_from_help_is_refused_naming_its_trainer(tmp_path):
+    with pytest.raises(ConfigError, match="--tp is not served by trainers.ddp; use "
+                                          "trainers.tensor_parallel or drop --tp"):
+        parse("--tp", "2", tmp=tmp_path)

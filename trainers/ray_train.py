@@ -279,7 +279,7 @@ def train_worker(config: dict[str, Any]) -> None:
     device = ray.train.torch.get_device()
     try:
         train_in_group(cfg, name, module.build, device if device.type == "cuda" else None,
-                       report, node_drained)
+                       report, node_drained, argv=config["argv"])
     except SystemExit:
         # Preempted (the only way out of the loop by SystemExit): the step is saved and
         # reported. Ray Train replaces the worker group at the drain's deadline and charges it

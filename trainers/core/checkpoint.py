@@ -1,8 +1,8 @@
 """Atomic, verified ``torch.distributed.checkpoint`` save and resume of a whole run.
 
 The run's state is registered once, as ``Stateful`` objects: the model and optimizer
-(:class:`ModelAndOptimizer`), the step (:class:`Progress`), the LR schedule and the data
-position, all saved through DCP (sharded or not, so a checkpoint resumes at another world
+(:class:`ModelAndOptimizer`), the step (:class:`Progress`) and the data position, all saved
+through DCP (sharded or not, so a checkpoint resumes at another world
 size), and each rank's RNG (:class:`RankRNG`, restored at the same world size only).
 A checkpoint is ``<run>/checkpoints/step_<N>/``. It is written as ``step_<N>.tmp`` and
 renamed only after every rank finished and rank 0 wrote ``manifest.json`` (size and CRC-32 of
@@ -171,7 +171,8 @@ class Checkpointer:
     """Saves and resumes the run in ``run_dir``, keeping the ``keep`` newest checkpoints.
 
     ``run_config`` (the run's TrainConfig as a dict) goes into every manifest, so a checkpoint
-    alone says how to rebuild its model (``trainers.sample``, ``trainers.export``).
+    alone says how to rebuild its model (``trainers.sample``, ``trainers.export``); so do the
+    ``facts`` the run keeps across attempts (a dict the loop updates; read at each save).
     ``state`` maps names to the Stateful objects every checkpoint holds (saved through DCP,
     the same on every rank or sharded); ``rank_state`` to those private to each rank (saved per
     rank, restored only at the world size they were saved at).
@@ -182,8 +183,9 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, keep: int, env: DistEnv, run_config: dict[str, Any],
                  state: dict[str, Stateful], rank_state: dict[str, Stateful] | None = None,
-                 kill_at: KillPoint | None = None) -> None:
+                 kill_at: KillPoint | None = None, facts: dict[str, Any] | None = None) -> None:
         self.state = state
+        self.facts = facts if facts is not None else {}
         self.rank_state = rank_state or {}
         self.run_dir = run_dir
         self.folder = run_dir / CHECKPOINTS
@@ -259,7 +261,8 @@ class Checkpointer:
         except _WRITE_ERRORS as err:
             return _Write(step, tmp, None, failure or _write_failure(err, self.folder))
         manifest = {"format": FORMAT, "step": step, "model": self.run_config["model"],
-                    "world_size": self.env.world_size, "config": self.run_config}
+                    "world_size": self.env.world_size, "config": self.run_config,
+                    "run": dict(self.facts)}
         written = self._background.submit(_when_written, upload, tmp,
                                           manifest if self.env.is_main else None)
         return _Write(step, tmp, written, failure)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -21,6 +23,7 @@ from trainers.core.strategy import Strategy
 from trainers.spec.config import TrainConfig, exit_on_config_error, parse_or_exit
 from trainers.spec.preemption import exit_status
 from trainers.spec.registry import trainer
+from trainers.spec.run_record import run_record, write_config
 
 StrategyBuilder = Callable[[TrainConfig, DistEnv], Strategy]
 
@@ -28,15 +31,17 @@ StrategyBuilder = Callable[[TrainConfig, DistEnv], Strategy]
 def run(name: str, build: StrategyBuilder, argv: Sequence[str] | None = None) -> None:
     """Train with the strategy ``build`` makes, as trainer ``name`` of the table of trainers."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_or_exit(argv, name)
     with exit_on_config_error(trainer(name).module):
-        train_in_group(cfg, name, build)
+        train_in_group(cfg, name, build, argv=argv)
 
 
 def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
                    device: torch.device | None = None, on_step: StepHook | None = None,
-                   notice: Notice | None = None) -> None:
-    """Join (or form) the process group, build trainer ``name``'s strategy and train; an
+                   notice: Notice | None = None, argv: Sequence[str] = ()) -> None:
+    """Join (or form) the process group, record the run in ``<output-dir>/config.json``
+    (``argv``: the trainer's arguments), build trainer ``name``'s strategy and train; an
     out-of-memory error is explained. ``device``, ``on_step`` and ``notice`` are for launchers
     that own the process group (see :func:`trainers.core.distributed.init_distributed` and
     :func:`trainers.core.loop.train`).
@@ -44,6 +49,9 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
     A run stopped by a preemption signal (its checkpoint saved) leaves the process group and
     exits ``128 + signal`` (:func:`trainers.spec.preemption.exit_status`)."""
     with init_distributed(cfg, device) as env, explain_out_of_memory(cfg, name, env.device):
+        if env.is_main:
+            write_config(Path(cfg.output_dir),
+                         run_record(cfg.to_dict(), name, argv, env.world_size))
         summary = train(cfg, env, build(cfg, env), on_step, notice)
     if summary.get("preempted"):
         raise SystemExit(exit_status(signal.Signals[summary["preempted"]]))

@@ -33,11 +33,12 @@ from trainers.core.metrics import (
 )
 from trainers.core.preemption import Notice, PreemptionWatch
 from trainers.core.strategy import Strategy
-from trainers.spec.checkpoint_files import step_of
+from trainers.spec.checkpoint_files import saved_manifest, step_of
 from trainers.spec.config import TrainConfig
 from trainers.spec.faults import kill_point, maybe_kill, restart_count
 from trainers.spec.models import model_shape
 from trainers.spec.preemption import exit_status, parse_signals
+from trainers.spec.run_record import changed_options
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -56,11 +57,14 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
         lr=cfg.lr, betas=(0.9, 0.95), fused=True)
 
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """LR multiplier after ``step`` optimizer steps: linear warm-up, then cosine decay."""
+def lr_factor(step: int, cfg: TrainConfig, schedule_steps: int) -> float:
+    """LR multiplier after ``step`` optimizer steps: linear warm-up, then cosine decay towards
+    ``--min-lr-ratio`` over ``schedule_steps`` steps (the run's first ``--steps``), constant
+    after them, so a resume with more ``--steps`` continues at the final rate without a jump."""
+    step = min(step, schedule_steps - 1)  # past the schedule: the rate of its last step
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
-    span = max(1, cfg.steps - cfg.warmup_steps)
+    span = max(1, schedule_steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -93,23 +97,31 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     val = (eval_batches(val_set, micro, strategy.dp_rank, strategy.dp_size, cfg.eval_batches)
            if cfg.eval_every else [])
     optimizer = build_optimizer(strategy.model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     kill_at = kill_point()
     progress = Progress()
+    # What the run keeps across attempts, in every checkpoint's manifest: the length of its LR
+    # schedule (the first attempt's --steps) and its first loss (for the summary).
+    facts: dict[str, Any] = {"schedule_steps": cfg.steps}
     checkpointer = Checkpointer(
         run_dir, cfg.keep_checkpoints, env, cfg.to_dict(),
         state={"train": ModelAndOptimizer(strategy.model, optimizer), "progress": progress,
-               "schedule": scheduler, "data": stream},
-        rank_state={"rng": RankRNG()}, kill_at=kill_at)
+               "data": stream},
+        rank_state={"rng": RankRNG()}, kill_at=kill_at, facts=facts)
     torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout stream
     resume_from = checkpointer.choose(cfg.resume)
+    saved: dict[str, Any] | None = None
     if resume_from is not None:
         checkpointer.load(resume_from)
+        saved = saved_manifest(resume_from)
+        facts.update({"schedule_steps": saved["config"]["steps"], **saved.get("run", {})})
     start_step = progress.step
 
-    writer = MetricsWriter(run_dir, env.is_main, cfg.tensorboard, start_step)
-    if resume_from is not None:
+    writer = MetricsWriter(run_dir, env.is_main, cfg.tensorboard, start_step, cfg.steps)
+    writer.print(f"run directory: {run_dir.resolve()}")
+    if saved is not None:
         writer.print(f"resumed from {resume_from} at step {start_step}")
+        for line in resume_notes(saved["config"], cfg, start_step, facts["schedule_steps"]):
+            writer.print(line)
     compute_dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
     if cfg.dtype == "bf16" and bf16_matmul_hardware(env.device) is None:
         writer.print(f"warning: this {env.device.type} has no bf16 matmul hardware (AMX, "
@@ -136,9 +148,10 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
         optimizer.zero_grad(set_to_none=True)
         loss = strategy.forward_backward(micro_batches, autocast)
         grad_norm = strategy.clip_grad_norm(cfg.grad_clip)
-        lr = scheduler.get_last_lr()[0]
+        lr = cfg.lr * lr_factor(step - 1, cfg, facts["schedule_steps"])
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         optimizer.step()
-        scheduler.step()
         metrics = {"loss": strategy.mean_over_replicas(loss), "grad_norm": grad_norm, "lr": lr}
         elapsed = time.perf_counter() - step_start
         metrics.update(
@@ -157,9 +170,13 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
         for step in range(start_step + 1, cfg.steps + 1):
             metrics = one_step(step)
             history.append(metrics)
+            facts.setdefault("first_loss", metrics["loss"])
             writer.write(step, metrics)
-            if step % cfg.log_every == 0 or step in (start_step + 1, cfg.steps):
-                writer.print(format_line(step, cfg.steps, metrics))
+            if (step % cfg.log_every == 0 or step in (start_step + 1, cfg.steps)
+                    or "eval_loss" in metrics):
+                elapsed = time.perf_counter() - wall_start
+                eta = elapsed / (step - start_step) * (cfg.steps - step)
+                writer.print(format_line(step, cfg.steps, metrics, elapsed, eta))
             maybe_kill(kill_at, "step", env.rank, step, run_dir)
             progress.step = step
             preempted = watch.agreed() if step < cfg.steps else None
@@ -181,20 +198,45 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
                 break
     writer.close()
     summary = _summarize(cfg, env, history, start_step, time.perf_counter() - wall_start,
-                         train_set, mfu_per_token_per_s, model_cfg.num_params())
+                         train_set, mfu_per_token_per_s, model_cfg.num_params(),
+                         facts.get("first_loss"))
     summary.update(restarts=restart_count(), steps_lost=writer.steps_redone, tf32=env.tf32,
                    preempted=preempted.name if preempted else None, saved_step=saved_step)
     if env.is_main and history:
         write_summary(run_dir, summary)
+        writer.print(f"run directory: {run_dir.resolve()} (plot it: python -m trainers.plot "
+                     f"{run_dir})")
         writer.print("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
                                              f"{k}={v}" for k, v in summary.items()))
     return summary
 
 
+def resume_notes(saved: dict[str, Any], cfg: TrainConfig, start_step: int,
+                 schedule_steps: int) -> list[str]:
+    """What a resume at ``start_step`` of a run saved with options ``saved`` should tell the
+    user: every option changed (one warning), the LR rule past ``schedule_steps``, and a run
+    that has nothing left to train."""
+    notes = []
+    changes = changed_options(saved, cfg.to_dict())
+    if changes:
+        notes.append("warning: resuming with changed options (they apply from step "
+                     f"{start_step + 1}): " + "; ".join(changes))
+    if cfg.steps > schedule_steps and start_step < cfg.steps:
+        notes.append(f"--steps {cfg.steps} extends the run's {schedule_steps}-step schedule: "
+                     f"the learning rate stays at its final value after step {schedule_steps}")
+    if start_step >= cfg.steps:
+        notes.append(f"the run is already complete at step {start_step} (--steps {cfg.steps}); "
+                     f"to train further pass --steps N > {start_step} (the learning rate stays "
+                     "at its final value), or start a new run with another --output-dir")
+    return notes
+
+
 def _summarize(cfg: TrainConfig, env: DistEnv, history: list[dict[str, float]],
                start_step: int, wall_time: float, train_set: Any,
-               mfu_per_token_per_s: float, params: int) -> dict[str, Any]:
-    """Final figures; throughput and MFU from the mean step time after 3 warm-up steps."""
+               mfu_per_token_per_s: float, params: int,
+               first_loss: float | None) -> dict[str, Any]:
+    """Final figures; throughput and MFU from the mean step time after 3 warm-up steps of this
+    attempt; ``first_loss``: the run's first step's (its first attempt's, when resumed)."""
     if not history:
         return {"steps": start_step, "note": "already complete"}
     timed = history[3:] or history
@@ -204,7 +246,8 @@ def _summarize(cfg: TrainConfig, env: DistEnv, history: list[dict[str, float]],
         "model": cfg.model, "params": params,
         "world_size": env.world_size,
         "steps": cfg.steps, "resumed_from_step": start_step,
-        "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],
+        "first_loss": history[0]["loss"] if first_loss is None else first_loss,
+        "final_loss": history[-1]["loss"],
         "tokens_per_s": tokens_per_s,
         "mfu": tokens_per_s * mfu_per_token_per_s,
         "peak_memory_bytes": int(max(m["peak_memory_bytes"] for m in history)),

@@ -8,6 +8,7 @@ resident set size on the CPU. MFU divides achieved FLOP/s by a peak the user set
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import math
 import resource
@@ -74,12 +75,21 @@ def _human_bytes(value: float) -> str:
     return f"{value:.1f}TiB"
 
 
-def format_line(step: int, total: int, m: dict[str, Any]) -> str:
-    """``step | loss | grad_norm | lr | tok/s | mfu | mem | data`` in one line."""
-    return (f"step {step:>{len(str(total))}}/{total} | loss {m['loss']:.4f} | "
+def _clock(seconds: float) -> str:
+    """``seconds`` as H:MM:SS."""
+    return str(datetime.timedelta(seconds=round(seconds)))
+
+
+def format_line(step: int, total: int, m: dict[str, Any], elapsed_s: float,
+                eta_s: float) -> str:
+    """``step | loss [| eval] | grad_norm | lr | tok/s | mfu | mem | data | elapsed, ETA`` in
+    one line; the eval loss on the steps that evaluate."""
+    evaluated = f" | eval {m['eval_loss']:.4f}" if "eval_loss" in m else ""
+    return (f"step {step:>{len(str(total))}}/{total} | loss {m['loss']:.4f}{evaluated} | "
             f"grad_norm {m['grad_norm']:.3f} | lr {m['lr']:.2e} | "
             f"tok/s {m['tokens_per_s']:,.0f} | mfu {100 * m['mfu']:.1f}% | "
-            f"mem {_human_bytes(m['peak_memory_bytes'])} | data {100 * m['data_share']:.1f}%")
+            f"mem {_human_bytes(m['peak_memory_bytes'])} | data {100 * m['data_share']:.1f}% | "
+            f"{_clock(elapsed_s)} elapsed, ETA {_clock(eta_s)}")
 
 
 class MetricsWriter:
@@ -87,17 +97,25 @@ class MetricsWriter:
 
     A run resumed at ``start_step`` keeps the metrics.jsonl records up to that step and drops
     those of steps it will train again, so the file holds each step once; ``steps_redone``
-    counts the dropped steps (the work a restart lost).
+    counts the dropped steps (the work a restart lost). On a terminal (``stdout`` a TTY) and
+    given ``total_steps``, a tqdm progress bar with the loss, elapsed time and ETA runs below
+    the printed lines; in a log (not a TTY) there are only the lines.
     """
 
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool,
-                 start_step: int = 0) -> None:
+                 start_step: int = 0, total_steps: int | None = None) -> None:
         self.enabled = enabled
         self.steps_redone = 0
         self._jsonl = None
         self._tb = None
+        self._bar = None
         if not enabled:
             return
+        if total_steps is not None and sys.stdout.isatty() and start_step < total_steps:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step",
+                             dynamic_ncols=True, file=sys.stdout)
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / "metrics.jsonl"
         records = path.read_text().splitlines() if path.exists() else []
@@ -115,15 +133,23 @@ class MetricsWriter:
         if not self.enabled:
             return
         self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
+            self._bar.update(1)
         if self._tb is not None:
             for key, value in metrics.items():
                 self._tb.add_scalar(key, value, step)
 
     def print(self, line: str) -> None:
-        if self.enabled:
+        if self._bar is not None:
+            self._bar.write(line, file=sys.stdout)
+        elif self.enabled:
             print(line, file=sys.stdout, flush=True)
 
     def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
         if self._jsonl is not None:
             self._jsonl.close()
         if self._tb is not None:

@@ -14,8 +14,11 @@ from typing import Any
 
 from trainers.spec.errors import ConfigError
 
-# The layout of a checkpoint's contents; 2: the model and optimizer, the step ("progress"), the
-# LR schedule and the data position as separate DCP entries, per-rank state in rank_state<R>.pt.
+# The layout of a checkpoint's contents; 2: the model and optimizer, the step ("progress") and
+# the data position as separate DCP entries, per-rank state in rank_state<R>.pt; the manifest's
+# "run" holds what the loop keeps across attempts (the LR schedule's length, the first loss).
+# Earlier format-2 checkpoints also hold a "schedule" entry, which loading leaves unread: the
+# learning rate is a function of the step (trainers.core.loop.lr_factor).
 FORMAT = 2
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"

@@ -116,8 +116,8 @@ class TrainConfig:
     peak_tflops: float = _opt(0.0, "peak TFLOP/s per device for MFU "
                               "(0: measured by a matmul probe)")
     tensorboard: bool = _opt(True, "write TensorBoard events into the output directory")
-    output_dir: str = _opt("", "run directory for metrics, checkpoints and summary "
-                           "(default: outputs/<trainer>)")
+    output_dir: str = _opt("", "run directory: config.json, metrics.jsonl, TensorBoard "
+                           "events, checkpoints, summary.json")
     checkpoint_every: int = _opt(50, "save a checkpoint every K steps (0: only at the end)")
     keep_checkpoints: int = _opt(3, "how many of the newest checkpoints to keep")
     async_checkpoint: bool = _opt(True, "write the periodic checkpoints in the background "
@@ -163,17 +163,33 @@ class OneLineParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help with its default, except an empty one (nothing to show)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default == "":
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser(name: str) -> argparse.ArgumentParser:
     """The parser of trainer ``name``: every :class:`TrainConfig` field, with ``--help`` from
-    its metadata."""
+    its metadata. ``--help`` lists the options this trainer serves; those only other trainers
+    serve are still parsed (so that passing one gets the one-line error naming the trainer
+    that serves it) but hidden."""
     entry = trainer(name)
-    parser = OneLineParser(prog=entry.module, description=f"{entry.module}: {entry.summary}",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineParser(prog=entry.module, description=f"{entry.summary}. {entry.when}",
+                           formatter_class=_HelpFormatter)
     hints = get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         kind = hints[f.name]
-        kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata["help"],
+        owners = serving(f.name)
+        shown = not owners or name in owners
+        kwargs: dict[str, Any] = {"default": f.default,
+                                  "help": f.metadata["help"] if shown else argparse.SUPPRESS,
                                   "type": _str2bool if kind is bool else kind}
+        if f.name == "output_dir":
+            kwargs["default"] = str(Path("outputs") / name)
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         if kind is bool:
@@ -184,7 +200,8 @@ def build_parser(name: str) -> argparse.ArgumentParser:
         parser.add_argument(flag, **kwargs)
         if f.metadata.get("negatable"):
             parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false",
-                                default=argparse.SUPPRESS, help=f"same as {flag} false")
+                                default=argparse.SUPPRESS,
+                                help=f"same as {flag} false" if shown else argparse.SUPPRESS)
     return parser
 
 

@@ -58,6 +58,7 @@ class Trainer:
 
     name: str
     summary: str
+    when: str  # when to choose it: the second paragraph of its --help
     options: frozenset[str]
     split: Callable[[TrainConfig, int], Split]
     check: Callable[[TrainConfig, int, ModelConfig | None], None] | None = None
@@ -203,22 +204,32 @@ _SHARD_HINT = "trainers.fsdp (shards parameters, gradients and optimizer state)"
 
 TRAINERS: dict[str, Trainer] = {t.name: t for t in (
     Trainer("ddp", "data parallel with DistributedDataParallel: every rank a whole replica",
+            "Use it when the model, its gradients and AdamW state fit on one device: the "
+            "simplest and usually fastest choice; otherwise trainers.fsdp.",
             options=frozenset(), split=_replicated_split, oom_hints=(_SHARD_HINT,)),
     Trainer("fsdp", "FSDP2 fully_shard: each rank holds 1/N of parameters, gradients and "
             "optimizer state",
+            "Use it when the model and its training state do not fit on one device but each "
+            "block does: memory per rank falls with the number of ranks.",
             options=frozenset({"reshard_after_forward", "cpu_offload"}), split=_fsdp_split,
             sharded=True),
     Trainer("tensor_parallel", "tensor parallel (DTensor) inside groups of --tp ranks, FSDP2 "
             "across groups",
+            "Use it when one block's matmuls are too large or slow for one device, inside a "
+            "node with fast links (NVLink); --tp divides the heads and the width.",
             options=frozenset({"tp", "dp", "sequence_parallel", "reshard_after_forward"}),
             split=_tensor_parallel_split, check=check_tensor_parallel, sharded=True),
     Trainer("pipeline", "pipeline parallel (torch.distributed.pipelining) over --pp ranks, data "
             "parallel over pipelines",
+            "Use it across nodes with slow links when the model does not fit a node: stages "
+            "exchange only activations; --microbatches hides the bubble.",
             options=frozenset({"dp", "pp", "virtual_stages", "schedule", "microbatches",
                                "record_timeline"}),
             split=_pipeline_split, check=check_pipeline, accumulate_flag="--microbatches"),
     Trainer("model_parallel", "naive model parallel: one process spreads the blocks over "
             "--devices, DDP across processes",
+            "Use it to spread a model too large for one GPU over a node's GPUs without "
+            "collectives, e.g. for a first try; the devices take turns (no overlap).",
             options=frozenset({"devices"}), split=_model_parallel_split, check=check_devices,
             check_placement=check_one_process_per_node, oom_hints=(_SHARD_HINT,),
             ray="it spreads one process's blocks over several devices, while Ray Train runs "
