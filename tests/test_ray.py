@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ def _free_port() -> int:
 
 class RayNode:
     """One ``ray start --block`` node on 127.0.0.1 (a head, or a worker joining ``address``),
-    started when constructed and stopped by :meth:`stop`."""
+    launched when constructed, up once :meth:`started` returns, stopped by :meth:`stop`."""
 
     def __init__(self, *options: str) -> None:
         ray_cli = Path(sys.executable).parent / "ray"
@@ -71,6 +72,9 @@ class RayNode:
              "--disable-usage-stats", "--object-store-memory=100000000", *options],
             cwd=REPO, env={**_env(), **RAY_ENV},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def started(self) -> None:
+        """Wait until the node says it is up (2 minutes at most); raise with its output if not."""
         output: list[str] = []
         deadline = time.monotonic() + 120
         assert self.proc.stdout is not None
@@ -106,8 +110,12 @@ def ray_cluster(head_cpus: int, worker_cpus: tuple[int, ...] = ()) -> Iterator[s
     nodes = [RayNode("--head", f"--port={port}", f"--num-cpus={head_cpus}",
                      "--include-dashboard=false", f"--temp-dir={temp}")]
     try:
-        for cpus in worker_cpus:
-            nodes.append(RayNode(f"--address=127.0.0.1:{port}", f"--num-cpus={cpus}"))
+        nodes[0].started()
+        # The worker nodes start side by side (each takes tens of seconds here).
+        nodes += [RayNode(f"--address=127.0.0.1:{port}", f"--num-cpus={cpus}")
+                  for cpus in worker_cpus]
+        for node in nodes[1:]:
+            node.started()
         yield f"127.0.0.1:{port}"
     finally:
         for node in reversed(nodes):
@@ -230,10 +238,13 @@ def test_drained_node_saves_the_agreed_step_and_ray_resumes_it_elsewhere(tmp_pat
     preemption budget (so without --max-failures), and the run resumes there with no step
     lost, ending where the uninterrupted run does."""
     reference = tmp_path / "torchrun"
-    run_trainer([*DRAIN_ARGS, "--output-dir", str(reference)], nproc=2)
     run_dir = tmp_path / "ray"
     env = {**_env(), **RAY_ENV, "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
-    with ray_cluster(0, (2, 2)) as address:
+    # The uninterrupted run trains while the cluster starts.
+    pool = ThreadPoolExecutor(1)
+    reference_run = pool.submit(run_trainer, [*DRAIN_ARGS, "--output-dir", str(reference)],
+                                nproc=2)
+    with pool, ray_cluster(0, (2, 2)) as address:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainers.ray_train", "--trainer", "ddp", "--workers", "2",
              "--address", address, "--", *DRAIN_ARGS, "--output-dir", str(run_dir)],
@@ -250,6 +261,7 @@ def test_drained_node_saves_the_agreed_step_and_ray_resumes_it_elsewhere(tmp_pat
                         "--deadline-remaining-seconds", "5"],
                        cwd=REPO, env=env, check=True, capture_output=True, timeout=60)
         out, _ = proc.communicate(timeout=300)
+        reference_run.result()
     assert proc.returncode == 0, out[-6000:]
     saved = int(out.split("preempted by SIGTERM after step ")[1].split(":")[0])
     assert "interrupted by node preemption" in out
