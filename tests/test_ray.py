@@ -61,6 +61,11 @@ def _free_port() -> int:
             return port
 
 
+# A node's SIGTERM handler first drains the node, for up to 30 s by default; these nodes stop at
+# once.
+NODE_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+
+
 class RayNode:
     """One ``ray start --block`` node on 127.0.0.1 (a head, or a worker joining ``address``),
     launched when constructed, up once :meth:`started` returns, stopped by :meth:`stop`."""
@@ -70,7 +75,7 @@ class RayNode:
         self.proc = subprocess.Popen(
             [str(ray_cli), "start", "--block", "--node-ip-address=127.0.0.1", "--num-gpus=0",
              "--disable-usage-stats", "--object-store-memory=100000000", *options],
-            cwd=REPO, env={**_env(), **RAY_ENV},
+            cwd=REPO, env={**_env(), **RAY_ENV, **NODE_ENV},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def started(self) -> None:
@@ -89,8 +94,9 @@ class RayNode:
                          daemon=True).start()
 
     def stop(self) -> None:
-        """Ask the node to stop (SIGINT stops its processes; SIGTERM takes 30 s)."""
-        self.proc.send_signal(signal.SIGINT)
+        """Ask the node to stop its processes and exit (SIGTERM: the handler Ray installs; a
+        SIGINT is lost on a node that inherited it ignored, and the wait then ran out)."""
+        self.proc.send_signal(signal.SIGTERM)
 
     def wait(self) -> None:
         try:

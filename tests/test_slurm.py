@@ -60,23 +60,9 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def jobs_in_flight(slurm_cluster, tmp_path_factory) -> Iterator[dict[str, Future]]:
-    """The module's real jobs, all under way from the first test that needs one: each driver
-    (:func:`_component_jobs`, :func:`_lost_node_job`, :func:`_requeued_job`,
-    :func:`_preempted_job`) submits its jobs, steers them (requeues, signals, time limits) and
-    waits for them in a thread of its own, in a directory of its own. They spend most of their
-    time waiting on Slurm (requeue holds, its 30 s time-limit checks), so together they take
-    about as long as the longest alone. .ci/slurm-up gives the nodes room for all of them at
-    once, so no requeued job waits for another job's slot."""
-    drivers = {"components": _component_jobs, "lost_node": _lost_node_job,
-               "requeued": _requeued_job, "preempted": _preempted_job}
-    with ThreadPoolExecutor(len(drivers)) as pool:
-        yield {name: pool.submit(driver, tmp_path_factory.mktemp(name))
-               for name, driver in drivers.items()}
-
-
-def _component_jobs(cwd: Path) -> tuple[Path, dict[tuple[str, str], str]]:
-    """Every case of CASES submitted at once; waits for all."""
+def component_jobs(slurm_cluster, tmp_path_factory) -> tuple[Path, dict[tuple[str, str], str]]:
+    """Every case of CASES submitted at once (the cluster queues what does not fit)."""
+    cwd = tmp_path_factory.mktemp("slurm")
     handles = {(c, j): submit(cwd, c, j, trainer_args(*extra)) for c, j, extra in CASES}
     for handle in handles.values():
         wait(handle)
@@ -84,8 +70,19 @@ def _component_jobs(cwd: Path) -> tuple[Path, dict[tuple[str, str], str]]:
 
 
 @pytest.fixture(scope="module")
-def component_jobs(jobs_in_flight) -> tuple[Path, dict[tuple[str, str], str]]:
-    return jobs_in_flight["components"].result()
+def jobs_in_flight(slurm_cluster, tmp_path_factory) -> Iterator[dict[str, Future]]:
+    """The module's interrupted jobs, all under way from the first test that needs one: each
+    driver (:func:`_lost_node_job`, :func:`_requeued_job`, :func:`_preempted_job`) submits its
+    jobs, steers them (kills, requeues, signals, time limits) and waits for them in a thread of
+    its own, in a directory of its own. They spend most of their time waiting on Slurm (requeue
+    holds, its 30 s time-limit checks), so together they take about as long as the longest
+    alone. .ci/slurm-up gives the nodes room for all of them at once, so no requeued job waits
+    for another job's slot. (The component jobs, which keep the CPUs busy, run before.)"""
+    drivers = {"lost_node": _lost_node_job, "requeued": _requeued_job,
+               "preempted": _preempted_job}
+    with ThreadPoolExecutor(len(drivers)) as pool:
+        yield {name: pool.submit(driver, tmp_path_factory.mktemp(name))
+               for name, driver in drivers.items()}
 
 
 @pytest.mark.slow
