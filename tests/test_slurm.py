@@ -14,8 +14,7 @@ import math
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -61,28 +60,12 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def component_jobs(slurm_cluster, tmp_path_factory) -> tuple[Path, dict[tuple[str, str], str]]:
-    """Every case of CASES submitted at once (the cluster queues what does not fit)."""
+    """Every case of CASES submitted at once (.ci/slurm-up's nodes hold them all)."""
     cwd = tmp_path_factory.mktemp("slurm")
     handles = {(c, j): submit(cwd, c, j, trainer_args(*extra)) for c, j, extra in CASES}
     for handle in handles.values():
         wait(handle)
     return cwd, handles
-
-
-@pytest.fixture(scope="module")
-def jobs_in_flight(slurm_cluster, tmp_path_factory) -> Iterator[dict[str, Future]]:
-    """The module's interrupted jobs, all under way from the first test that needs one: each
-    driver (:func:`_lost_node_job`, :func:`_requeued_job`, :func:`_preempted_job`) submits its
-    jobs, steers them (kills, requeues, signals, time limits) and waits for them in a thread of
-    its own, in a directory of its own. They spend most of their time waiting on Slurm (requeue
-    holds, its 30 s time-limit checks), so together they take about as long as the longest
-    alone. .ci/slurm-up gives the nodes room for all of them at once, so no requeued job waits
-    for another job's slot. (The component jobs, which keep the CPUs busy, run before.)"""
-    drivers = {"lost_node": _lost_node_job, "requeued": _requeued_job,
-               "preempted": _preempted_job}
-    with ThreadPoolExecutor(len(drivers)) as pool:
-        yield {name: pool.submit(driver, tmp_path_factory.mktemp(name))
-               for name, driver in drivers.items()}
 
 
 @pytest.mark.slow
@@ -135,24 +118,15 @@ def test_failing_job_reports_failed_and_its_log_names_the_error(slurm_cluster, t
     assert f"--data {tmp_path / 'missing.bin'}" in log.stdout
 
 
-def _lost_node_job(cwd: Path) -> dict:
-    """A two-node job whose node 2 is lost after step 6, beside the same run uninterrupted;
-    waits for both."""
-    args = trainer_args("--checkpoint-every", "4", steps=10)
-    reference = submit(cwd, "ddp", "2x1", args)
-    handle = submit(cwd, "ddp", "2x1", args, "--max_retries", "1",
-                    "--env", "TRAINERS_KILL_AT=1:6:node")
-    return {"cwd": cwd, "handle": handle, "reference": reference, "final": wait(handle),
-            "reference_final": wait(reference)}
-
-
 @pytest.mark.slow
-def test_requeued_job_resumes_from_its_checkpoint(jobs_in_flight):
+def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path):
     """Node 2 is lost after step 6 (rank 1 and its torchrun agent killed, so torchrun cannot
     restart it in place); Slurm requeues the job, which resumes at step 4."""
-    job = jobs_in_flight["lost_node"].result()
-    tmp_path, handle, reference = job["cwd"], job["handle"], job["reference"]
-    assert job["final"] == AppState.SUCCEEDED and job["reference_final"] == AppState.SUCCEEDED
+    args = trainer_args("--checkpoint-every", "4", steps=10)
+    reference = submit(tmp_path, "ddp", "2x1", args)
+    handle = submit(tmp_path, "ddp", "2x1", args, "--max_retries", "1",
+                    "--env", "TRAINERS_KILL_AT=1:6:node")
+    assert wait(handle) == AppState.SUCCEEDED and wait(reference) == AppState.SUCCEEDED
     text = status(tmp_path, handle)
     assert "State: SUCCEEDED" in text and "Num Restarts: 1" in text
     result = summary(tmp_path, handle)
@@ -422,11 +396,13 @@ REQUEUE_ARGS = ["--model", "tiny", "--steps", "300", "--batch-size", "16", "--ev
                 "--tensorboard", "false", "--log-every", "100"]
 
 
-def _requeued_job(cwd: Path) -> dict:
+@pytest.fixture(scope="module")
+def requeued_job(slurm_cluster, tmp_path_factory) -> dict:
     """A one-node job submitted like a user would (the repository's .torchxconfig profile, so
     job_dir=slurm-jobs under the submitting directory, and the repository as workspace), asked
     for its status the moment ``torchx run`` returns, requeued with ``scontrol requeue`` once it
     logged its first step, and run to the end."""
+    cwd = tmp_path_factory.mktemp("requeue")
     proc = torchx("run", "-s", "slurm", "--workspace", f"file://{REPO}",
                   str(REPO / "components" / "ddp.py") + ":ddp", "-j", "1x2", "--", *REQUEUE_ARGS,
                   cwd=cwd, env={"TORCHXCONFIG": str(REPO / ".torchxconfig")})
@@ -456,11 +432,6 @@ def _requeued_job(cwd: Path) -> dict:
     final = wait(handle)
     return {"cwd": cwd, "handle": handle, "first_status": first_status,
             "from_queue": from_queue, "requeue_wait": requeue_wait, "final": final}
-
-
-@pytest.fixture(scope="module")
-def requeued_job(jobs_in_flight) -> dict:
-    return jobs_in_flight["requeued"].result()
 
 
 @pytest.mark.slow
@@ -618,7 +589,8 @@ def _elapsed_s(app_id: str) -> int:
     return seconds + int(days or 0) * 86400
 
 
-def _preempted_job(cwd: Path) -> dict:
+@pytest.fixture(scope="module")
+def preempted_job(slurm_cluster, tmp_path_factory) -> dict:
     """A two-node job with ``signal_grace`` and ``--checkpoint-every 0`` (so every checkpoint
     but the last is a preemption save), beside the same run uninterrupted on one node:
 
@@ -629,6 +601,7 @@ def _preempted_job(cwd: Path) -> dict:
       ``--signal`` warning is due at its next time-limit check (every 30 s), and the limit
       itself at least 30 s after that;
     * attempt 3, its limit back at 15 minutes, runs to the end."""
+    cwd = tmp_path_factory.mktemp("preempt")
     reference = submit(cwd, "ddp", "1x2", PREEMPT_ARGS)
     handle = submit(cwd, "ddp", "2x1", PREEMPT_ARGS, cfg=f"signal_grace={GRACE}")
     app_id = handle.rsplit("/", 1)[-1]
@@ -642,11 +615,6 @@ def _preempted_job(cwd: Path) -> dict:
     subprocess.run(["scontrol", "update", f"JobId={app_id}", "TimeLimit=15"], check=True)
     return {"cwd": cwd, "handle": handle, "reference": reference, "final": wait(handle),
             "reference_final": wait(reference)}
-
-
-@pytest.fixture(scope="module")
-def preempted_job(jobs_in_flight) -> dict:
-    return jobs_in_flight["preempted"].result()
 
 
 @pytest.mark.slow
