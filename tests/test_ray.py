@@ -166,18 +166,27 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], returncode: int = 2)
 
 
 @pytest.fixture(scope="module")
-def torchrun_runs(tmp_path_factory) -> dict[str, Path]:
-    """Run directories of ARGS under torchrun on 2 ranks, made on first use per strategy."""
+def torchrun_runs(tmp_path_factory) -> Iterator[dict[str, Path]]:
+    """Run directories of ARGS under torchrun on 2 ranks, one per strategy of STRATEGY_ARGS,
+    trained one after another in the background from the moment this is set up (requested
+    before ``ray_address``, they train while the head starts); reading one waits for it."""
 
-    class Runs(dict):
-        def __missing__(self, strategy: str) -> Path:
-            run_dir = tmp_path_factory.mktemp(f"torchrun-{strategy}")
-            run_trainer([*ARGS, *STRATEGY_ARGS[strategy], "--output-dir", str(run_dir)],
-                        nproc=2, module=f"trainers.{strategy}")
-            self[strategy] = run_dir
-            return run_dir
+    def train(strategy: str, run_dir: Path) -> Path:
+        run_trainer([*ARGS, *STRATEGY_ARGS[strategy], "--output-dir", str(run_dir)], nproc=2,
+                    module=f"trainers.{strategy}")
+        return run_dir
 
-    return Runs()
+    with ThreadPoolExecutor(1) as pool:
+        runs = {strategy: pool.submit(train, strategy,
+                                      tmp_path_factory.mktemp(f"torchrun-{strategy}"))
+                for strategy in STRATEGY_ARGS}
+
+        class Runs(dict):
+            def __missing__(self, strategy: str) -> Path:
+                self[strategy] = runs[strategy].result()
+                return self[strategy]
+
+        yield Runs()
 
 
 # Trainer options per strategy beyond ARGS.
@@ -185,7 +194,7 @@ STRATEGY_ARGS: dict[str, list[str]] = {"ddp": [], "fsdp": []}
 
 
 @pytest.mark.slow
-def test_two_fsdp_workers_match_torchrun(tmp_path, ray_address, torchrun_runs, strategy="fsdp"):
+def test_two_fsdp_workers_match_torchrun(tmp_path, torchrun_runs, ray_address, strategy="fsdp"):
     """2 Ray Train workers on the local cluster train exactly as torchrun's 2 ranks do; the
     last report carries step 10's metrics and its DCP checkpoint, where the loop wrote it.
     fsdp stands for the trainers on a device mesh; ddp is compared with torchrun, losses and
@@ -205,7 +214,7 @@ def test_two_fsdp_workers_match_torchrun(tmp_path, ray_address, torchrun_runs, s
 
 
 @pytest.mark.slow
-def test_killed_worker_is_restarted_by_ray_and_resumes(tmp_path, ray_address, torchrun_runs):
+def test_killed_worker_is_restarted_by_ray_and_resumes(tmp_path, torchrun_runs, ray_address):
     """Rank 1 is SIGKILLed after step 6; Ray (--max-failures 1) restarts the worker group,
     which resumes from the step-4 checkpoint it was handed and ends with the uninterrupted
     run's losses and weights."""
