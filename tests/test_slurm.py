@@ -60,7 +60,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def component_jobs(slurm_cluster, tmp_path_factory) -> tuple[Path, dict[tuple[str, str], str]]:
-    """Every case of CASES submitted at once (.ci/slurm-up's nodes hold them all)."""
+    """Every case of CASES submitted at once (the cluster queues what does not fit)."""
     cwd = tmp_path_factory.mktemp("slurm")
     handles = {(c, j): submit(cwd, c, j, trainer_args(*extra)) for c, j, extra in CASES}
     for handle in handles.values():
