@@ -94,8 +94,10 @@ class RayNode:
                          daemon=True).start()
 
     def stop(self) -> None:
-        """Ask the node to stop its processes and exit (SIGTERM: the handler Ray installs; a
-        SIGINT is lost on a node that inherited it ignored, and the wait then ran out)."""
+        """Ask the node to stop its processes and exit. SIGTERM runs the handler Ray installs
+        itself (with NODE_ENV, no drain first); SIGINT relies on Python's default handler, which
+        a process started with SIGINT ignored never gets (a module teardown in CI waited out
+        :meth:`wait`'s 60 s)."""
         self.proc.send_signal(signal.SIGTERM)
 
     def wait(self) -> None:
