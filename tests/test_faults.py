@@ -20,11 +20,6 @@ from trainers.spec.errors import ConfigError
 from trainers.spec.faults import KillPoint, kill_point
 
 STEPS = ["--steps", "10", "--checkpoint-every", "4", "--resume", "auto"]
-COMPONENTS = {
-    "ddp": [],
-    "fsdp": [],
-    "pipeline": ["--pp", "2", "--schedule", "1f1b"],
-}
 
 
 def without(args: list[str], *options: str) -> list[str]:
@@ -70,27 +65,30 @@ def assert_same_run(faulted: Path, reference: Path, tmp_path: Path) -> None:
         assert diff <= 1e-6, (name, float(diff))
 
 
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory) -> Path:
+    """An uninterrupted ``run_component("ddp")`` run, shared by the kill and crash tests."""
+    run_dir = tmp_path_factory.mktemp("ddp") / "reference"
+    run_component("ddp", run_dir, [])
+    return run_dir
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("component", list(COMPONENTS))
-def test_killed_worker_restarts_and_matches_uninterrupted_run(tmp_path, component):
+def test_killed_worker_restarts_and_matches_uninterrupted_run(tmp_path, ddp_reference):
     """Rank 1 is killed after step 6; torchrun (--max_retries 1) restarts the workers, which
-    resume from the step-4 checkpoint and finish as if nothing happened."""
-    extra = COMPONENTS[component]
-    run_component(component, tmp_path / "reference", extra)
-    stderr = run_component(component, tmp_path / "faulted", extra, "--max_retries", "1",
+    resume from the step-4 checkpoint and finish as if nothing happened.
+
+    One trainer stands for all: the restart is torchrun's and the resume is the loop's, the
+    same for every strategy. Each strategy's own checkpoint (FSDP's sharded state, pipeline
+    stages) resuming where its uninterrupted run goes is proven by
+    tests/test_parity_sharded.py::test_fsdp_checkpoint_resumes_at_another_world_size and
+    tests/test_pipeline.py::test_pipeline_resumes_from_its_checkpoint."""
+    stderr = run_component("ddp", tmp_path / "faulted", [], "--max_retries", "1",
                            "--env", "TRAINERS_KILL_AT=1:6")
     assert "killing rank 1 at step 6" in stderr
     summary = json.loads((tmp_path / "faulted" / "summary.json").read_text())
     assert (summary["restarts"], summary["steps_lost"], summary["resumed_from_step"]) == (1, 2, 4)
-    assert_same_run(tmp_path / "faulted", tmp_path / "reference", tmp_path)
-
-
-@pytest.fixture(scope="module")
-def ddp_reference(tmp_path_factory) -> Path:
-    """An uninterrupted ``run_component("ddp")`` run, shared by the crash tests."""
-    run_dir = tmp_path_factory.mktemp("ddp") / "reference"
-    run_component("ddp", run_dir, [])
-    return run_dir
+    assert_same_run(tmp_path / "faulted", ddp_reference, tmp_path)
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -60,17 +61,25 @@ def _free_port() -> int:
             return port
 
 
+# A node's SIGTERM handler first drains the node, for up to 30 s by default; these nodes stop at
+# once.
+NODE_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+
+
 class RayNode:
     """One ``ray start --block`` node on 127.0.0.1 (a head, or a worker joining ``address``),
-    started when constructed and stopped by :meth:`stop`."""
+    launched when constructed, up once :meth:`started` returns, stopped by :meth:`stop`."""
 
     def __init__(self, *options: str) -> None:
         ray_cli = Path(sys.executable).parent / "ray"
         self.proc = subprocess.Popen(
             [str(ray_cli), "start", "--block", "--node-ip-address=127.0.0.1", "--num-gpus=0",
              "--disable-usage-stats", "--object-store-memory=100000000", *options],
-            cwd=REPO, env={**_env(), **RAY_ENV},
+            cwd=REPO, env={**_env(), **RAY_ENV, **NODE_ENV},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def started(self) -> None:
+        """Wait until the node says it is up (2 minutes at most); raise with its output if not."""
         output: list[str] = []
         deadline = time.monotonic() + 120
         assert self.proc.stdout is not None
@@ -85,8 +94,11 @@ class RayNode:
                          daemon=True).start()
 
     def stop(self) -> None:
-        """Ask the node to stop (SIGINT stops its processes; SIGTERM takes 30 s)."""
-        self.proc.send_signal(signal.SIGINT)
+        """Ask the node to stop its processes and exit. SIGTERM runs the handler Ray installs
+        itself (with NODE_ENV, no drain first); SIGINT relies on Python's default handler, which
+        a process started with SIGINT ignored never gets (a module teardown in CI waited out
+        :meth:`wait`'s 60 s)."""
+        self.proc.send_signal(signal.SIGTERM)
 
     def wait(self) -> None:
         try:
@@ -106,8 +118,12 @@ def ray_cluster(head_cpus: int, worker_cpus: tuple[int, ...] = ()) -> Iterator[s
     nodes = [RayNode("--head", f"--port={port}", f"--num-cpus={head_cpus}",
                      "--include-dashboard=false", f"--temp-dir={temp}")]
     try:
-        for cpus in worker_cpus:
-            nodes.append(RayNode(f"--address=127.0.0.1:{port}", f"--num-cpus={cpus}"))
+        nodes[0].started()
+        # The worker nodes start side by side (each takes tens of seconds here).
+        nodes += [RayNode(f"--address=127.0.0.1:{port}", f"--num-cpus={cpus}")
+                  for cpus in worker_cpus]
+        for node in nodes[1:]:
+            node.started()
         yield f"127.0.0.1:{port}"
     finally:
         for node in reversed(nodes):
@@ -152,18 +168,27 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], returncode: int = 2)
 
 
 @pytest.fixture(scope="module")
-def torchrun_runs(tmp_path_factory) -> dict[str, Path]:
-    """Run directories of ARGS under torchrun on 2 ranks, made on first use per strategy."""
+def torchrun_runs(tmp_path_factory) -> Iterator[dict[str, Path]]:
+    """Run directories of ARGS under torchrun on 2 ranks, one per strategy of STRATEGY_ARGS,
+    trained one after another in the background from the moment this is set up (requested
+    before ``ray_address``, they train while the head starts); reading one waits for it."""
 
-    class Runs(dict):
-        def __missing__(self, strategy: str) -> Path:
-            run_dir = tmp_path_factory.mktemp(f"torchrun-{strategy}")
-            run_trainer([*ARGS, *STRATEGY_ARGS[strategy], "--output-dir", str(run_dir)],
-                        nproc=2, module=f"trainers.{strategy}")
-            self[strategy] = run_dir
-            return run_dir
+    def train(strategy: str, run_dir: Path) -> Path:
+        run_trainer([*ARGS, *STRATEGY_ARGS[strategy], "--output-dir", str(run_dir)], nproc=2,
+                    module=f"trainers.{strategy}")
+        return run_dir
 
-    return Runs()
+    with ThreadPoolExecutor(1) as pool:
+        runs = {strategy: pool.submit(train, strategy,
+                                      tmp_path_factory.mktemp(f"torchrun-{strategy}"))
+                for strategy in STRATEGY_ARGS}
+
+        class Runs(dict):
+            def __missing__(self, strategy: str) -> Path:
+                self[strategy] = runs[strategy].result()
+                return self[strategy]
+
+        yield Runs()
 
 
 # Trainer options per strategy beyond ARGS.
@@ -171,7 +196,7 @@ STRATEGY_ARGS: dict[str, list[str]] = {"ddp": [], "fsdp": []}
 
 
 @pytest.mark.slow
-def test_two_fsdp_workers_match_torchrun(tmp_path, ray_address, torchrun_runs, strategy="fsdp"):
+def test_two_fsdp_workers_match_torchrun(tmp_path, torchrun_runs, ray_address, strategy="fsdp"):
     """2 Ray Train workers on the local cluster train exactly as torchrun's 2 ranks do; the
     last report carries step 10's metrics and its DCP checkpoint, where the loop wrote it.
     fsdp stands for the trainers on a device mesh; ddp is compared with torchrun, losses and
@@ -191,7 +216,7 @@ def test_two_fsdp_workers_match_torchrun(tmp_path, ray_address, torchrun_runs, s
 
 
 @pytest.mark.slow
-def test_killed_worker_is_restarted_by_ray_and_resumes(tmp_path, ray_address, torchrun_runs):
+def test_killed_worker_is_restarted_by_ray_and_resumes(tmp_path, torchrun_runs, ray_address):
     """Rank 1 is SIGKILLed after step 6; Ray (--max-failures 1) restarts the worker group,
     which resumes from the step-4 checkpoint it was handed and ends with the uninterrupted
     run's losses and weights."""
@@ -230,10 +255,13 @@ def test_drained_node_saves_the_agreed_step_and_ray_resumes_it_elsewhere(tmp_pat
     preemption budget (so without --max-failures), and the run resumes there with no step
     lost, ending where the uninterrupted run does."""
     reference = tmp_path / "torchrun"
-    run_trainer([*DRAIN_ARGS, "--output-dir", str(reference)], nproc=2)
     run_dir = tmp_path / "ray"
     env = {**_env(), **RAY_ENV, "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
-    with ray_cluster(0, (2, 2)) as address:
+    # The uninterrupted run trains while the cluster starts.
+    pool = ThreadPoolExecutor(1)
+    reference_run = pool.submit(run_trainer, [*DRAIN_ARGS, "--output-dir", str(reference)],
+                                nproc=2)
+    with pool, ray_cluster(0, (2, 2)) as address:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainers.ray_train", "--trainer", "ddp", "--workers", "2",
              "--address", address, "--", *DRAIN_ARGS, "--output-dir", str(run_dir)],
@@ -250,6 +278,7 @@ def test_drained_node_saves_the_agreed_step_and_ray_resumes_it_elsewhere(tmp_pat
                         "--deadline-remaining-seconds", "5"],
                        cwd=REPO, env=env, check=True, capture_output=True, timeout=60)
         out, _ = proc.communicate(timeout=300)
+        reference_run.result()
     assert proc.returncode == 0, out[-6000:]
     saved = int(out.split("preempted by SIGTERM after step ")[1].split(":")[0])
     assert "interrupted by node preemption" in out
