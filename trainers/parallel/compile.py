@@ -21,16 +21,18 @@ def apply_compile(model: nn.Module, spec: ModelSpec) -> None:
     """Replace the forward of each of ``spec``'s blocks by its ``torch.compile``d self
     (``fullgraph``: a graph break in a block is an error, not a silent slowdown).
 
-    Apply after tensor parallelism and activation checkpointing, before FSDP.
+    Apply after tensor parallelism, before activation checkpointing and FSDP.
     """
     for _, block in spec.named_blocks(model):
         block.forward = torch.compile(block.forward, fullgraph=True)
 
 
 def apply_block_options(model: nn.Module, spec: ModelSpec, cfg: TrainConfig) -> None:
-    """What ``cfg`` asks of every block, in the order that composes: activation checkpointing
-    (``--activation-checkpointing``), then compilation (``--compile``)."""
-    if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model, spec)
+    """What ``cfg`` asks of every block: compilation (``--compile``), then activation
+    checkpointing (``--activation-checkpointing``) around the compiled forward, which backward
+    runs again. (Compiling the checkpointed block instead fails under tensor parallelism in
+    torch 2.13: AOT autograd refuses the DeviceMesh that DTensor's recomputation saves.)"""
     if cfg.compile:
         apply_compile(model, spec)
+    if cfg.activation_checkpointing:
+        apply_activation_checkpointing(model, spec)
