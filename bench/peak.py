@@ -48,16 +48,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="matrix sides")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds of samples per size")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                        help="matrix dtype (bf16 is converted in software without AMX or "
+                        "AVX512-BF16, so the probe shows whether the CPU has them)")
     parser.add_argument("--worker", metavar="PREFIX", help="as a rank under torchrun: start "
                         "after a barrier with the others, write to PREFIX.rank<RANK>.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(THREADS)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     if args.worker is None:
-        print(json.dumps(measure_peak(args.sizes, args.seconds)))
+        print(json.dumps(measure_peak(args.sizes, args.seconds, dtype)))
         return
     dist.init_process_group("gloo")
     dist.barrier()
-    write_rank(args.worker, measure_peak(args.sizes, args.seconds))
+    write_rank(args.worker, measure_peak(args.sizes, args.seconds, dtype))
     dist.destroy_process_group()
 
 
