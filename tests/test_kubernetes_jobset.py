@@ -171,6 +171,19 @@ def test_bad_input_is_one_line_before_submission(cfg, fragment):
     assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
+def test_pod_hostname_too_long_for_any_app_id_is_refused_on_every_submit():
+    """JobSet's host names are JOBSET-ROLE-0-INDEX: with the longest id TorchX appends (14) they
+    must fit 63 characters, so the answer never depends on this submit's id."""
+    scheduler = KubernetesJobSetScheduler("test")
+    cfg = scheduler.run_opts().cfg_from_str("local_queue=q,shm_size=256Mi")
+    for _ in range(20):
+        # 36 + 1 + 14 + len("-ddp-0-1") = 59 fits; 41 reaches 64
+        scheduler.submit_dryrun(torchrun_app(m="trainers.ddp", j="2x1", name="a" * 36), cfg)
+        with pytest.raises(ComponentArgumentError, match=r"kubernetes_jobset: pod hostname "
+                           r"'a{41}-\w+-ddp-0-1' can reach 64 characters"):
+            scheduler.submit_dryrun(torchrun_app(m="trainers.ddp", j="2x1", name="a" * 41), cfg)
+
+
 def test_elastic_size_warns_in_one_line_and_runs_the_maximum():
     args = dryrun_args("ddp", "1:2x1", ("--model", "tiny"), scheduler=JOBSET)
     proc = torchx_cli(*args, timeout=120)

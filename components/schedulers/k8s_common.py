@@ -94,6 +94,27 @@ def pod_options(cfg: Mapping[str, Any], app: AppDef) -> PodOptions:
     return pods
 
 
+# The longest id TorchX's ``make_unique`` appends to the app name: ``random_id`` spells a 64-bit
+# value in base 20 (first character) then base 29, and 20 * 29**12 < 2**64 <= 20 * 29**13.
+MAX_APP_ID_CHARS = 14
+
+
+def check_derived_names(scheduler: str, job_name: str, names: list[tuple[str, str]]) -> None:
+    """Raise unless each of ``names`` ((what, value) pairs, each value starting with
+    ``job_name``, TorchX's APP-ID) stays a DNS-1123 label with the longest id TorchX can append.
+
+    Checked at that length, not at this submit's random id, so that the same app and role names
+    are accepted or refused on every submit."""
+    pad = "x" * (MAX_APP_ID_CHARS - len(job_name.rsplit("-", 1)[-1]))
+    for what, value in names:
+        longest = job_name + pad + value[len(job_name):]
+        if not opt.is_dns1123_label(longest):
+            raise ComponentArgumentError(
+                f"{scheduler}: {what} {value!r} can reach {len(longest)} characters, over the 63 "
+                "of a DNS-1123 label (TorchX appends an id of up to "
+                f"{MAX_APP_ID_CHARS} characters to the app name); shorten the app or role names")
+
+
 def check_object_names(cfg: Mapping[str, Any]) -> None:
     """Raise unless the namespace is a DNS-1123 label and the service account and priority
     class (when given) are DNS-1123 subdomains."""

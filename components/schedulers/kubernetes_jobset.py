@@ -55,7 +55,12 @@ from components.schedulers.jobset import (
     pod_hostname,
 )
 from components.schedulers.jobset_status import app_state, current_pods, replica_state
-from components.schedulers.k8s_common import HardenedPods, check_object_names, pod_options
+from components.schedulers.k8s_common import (
+    HardenedPods,
+    check_derived_names,
+    check_object_names,
+    pod_options,
+)
 from components.schedulers.k8s_pod import customize_pod
 from components.schedulers.run_options import StrictRunOptions
 from components.torchx_compat import dryrun_cfg
@@ -94,16 +99,13 @@ def check_cfg(cfg: Mapping[str, Any]) -> str:
 
 
 def check_names(jobset: dict[str, Any]) -> None:
-    """Raise unless every Job name and pod host name JobSet derives is a DNS-1123 label."""
+    """Raise unless every pod host name JobSet derives is a DNS-1123 label with any id TorchX
+    may append (:func:`check_derived_names`)."""
     name = jobset["metadata"]["name"]
-    for rj in jobset["spec"]["replicatedJobs"]:
-        last = rj["template"]["spec"]["completions"] - 1
-        host = pod_hostname(name, rj["name"], last)
-        if not opt.is_dns1123_label(host):
-            raise ComponentArgumentError(
-                f"{NAME}: pod hostname {host!r} ({len(host)} characters) is not a DNS-1123 "
-                "label of at most 63; shorten the app and role names (TorchX appends an id of up "
-                "to 14 characters to the app name)")
+    hosts = [("pod hostname",
+              pod_hostname(name, rj["name"], rj["template"]["spec"]["completions"] - 1))
+             for rj in jobset["spec"]["replicatedJobs"]]
+    check_derived_names(NAME, name, hosts)
 
 
 def warn_elastic(app: AppDef) -> None:

@@ -34,7 +34,12 @@ from torchx.specs import AppDef, runopts
 
 from components.errors import ComponentArgumentError
 from components.schedulers import k8s_options as opt
-from components.schedulers.k8s_common import HardenedPods, check_object_names, pod_options
+from components.schedulers.k8s_common import (
+    HardenedPods,
+    check_derived_names,
+    check_object_names,
+    pod_options,
+)
 from components.schedulers.k8s_pod import customize_pod
 from components.schedulers.k8s_preemption import restart_policy
 from components.schedulers.run_options import StrictRunOptions
@@ -53,16 +58,12 @@ def check_cfg_names(cfg: KubernetesOpts) -> None:
 
 
 def check_job_names(job: dict[str, Any]) -> None:
-    """Raise unless the rendered job's name and its pods' host names are DNS-1123 labels."""
+    """Raise unless the rendered job's name and its pods' host names are DNS-1123 labels
+    with any id TorchX may append (:func:`check_derived_names`)."""
     name = job["metadata"]["name"]
     # Volcano names each pod (and, under the svc plugin, its host name) JOB-TASK-INDEX.
-    hosts = [f"{name}-{task['name']}-0" for task in job["spec"]["tasks"]]
-    for what, value in [("job name", name)] + [("pod hostname", h) for h in hosts]:
-        if not opt.is_dns1123_label(value):
-            raise ComponentArgumentError(
-                f"kubernetes: {what} {value!r} ({len(value)} characters) is not a DNS-1123 "
-                "label of at most 63; shorten the app and role names (TorchX appends an id of up "
-                "to 14 characters to the app name)")
+    hosts = [("pod hostname", f"{name}-{task['name']}-0") for task in job["spec"]["tasks"]]
+    check_derived_names("kubernetes", name, [("job name", name), *hosts])
 
 
 class KubernetesScheduler(StrictRunOptions, HardenedPods, _TorchXKubernetes):
