@@ -1,17 +1,24 @@
 """config.json's record of a run, the options a resume changed, the LR schedule's rule for a
 resume with more --steps, and the console: its line and the progress bar on a terminal (unit
-level; tests/test_checkpoint.py runs them for real)."""
+level, and one trainer run on a pseudo-terminal; tests/test_checkpoint.py runs resumes for
+real)."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
+import os
+import pty
 import re
+import struct
+import subprocess
 import sys
+import termios
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY, _env
 from trainers.core.loop import lr_factor
 from trainers.core.metrics import MetricsWriter, format_line
 from trainers.spec.config import TrainConfig
@@ -83,6 +90,43 @@ def test_a_terminal_gets_a_progress_bar_and_a_log_plain_lines(tmp_path, monkeypa
     assert ("4/4" in text and "loss=1.5000" in text) == terminal
     assert [json.loads(line)["step"] for line in
             (tmp_path / "metrics.jsonl").read_text().splitlines()] == [3, 4]
+
+
+def _read_all(fd: int) -> bytes:
+    """Everything written to the pseudo-terminal whose controller is ``fd`` until it closes."""
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:  # EIO: every writer closed the terminal
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def test_a_run_on_a_real_terminal_draws_the_bar_below_whole_lines(tmp_path):
+    """The trainer with its stdout on a pseudo-terminal, as from a shell: tqdm's bar counts
+    to the last step, and every step line still arrives whole, on a line of its own."""
+    controller, terminal = pty.openpty()
+    # 24 rows of 120 columns: a new pseudo-terminal has none, and tqdm draws no bar in 0 columns
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    args = [*TINY, "--output-dir", str(tmp_path)]  # 8 steps
+    with open(tmp_path / "stderr", "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "trainers.ddp", *args], cwd=REPO,
+                                env=_env(), stdin=subprocess.DEVNULL, stdout=terminal,
+                                stderr=stderr)
+    os.close(terminal)
+    text = _read_all(controller).decode()
+    os.close(controller)
+    assert proc.wait(timeout=300) == 0, (tmp_path / "stderr").read_text()[-3000:]
+    lines = re.split(r"[\r\n]+", text)
+    bar = re.compile(r"\s*\d+%\|.*\| \d/8 \[.*(step/s|s/step), loss=5\.\d{4}\]$")
+    bars = [line for line in lines if bar.match(line)]
+    assert bars and bars[-1].startswith("100%|"), lines
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [int(line.split()[1].split("/")[0]) for line in steps] == list(range(1, 9)), lines
+    assert all("ETA" in line for line in steps), steps
 
 
 def test_the_console_line_carries_the_eval_loss_elapsed_time_and_eta():
