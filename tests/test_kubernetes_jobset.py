@@ -177,8 +177,8 @@ def test_pod_hostname_too_long_for_any_app_id_is_refused_on_every_submit():
     scheduler = KubernetesJobSetScheduler("test")
     cfg = scheduler.run_opts().cfg_from_str("local_queue=q,shm_size=256Mi")
     for _ in range(20):
-        # 36 + 1 + 14 + len("-ddp-0-1") = 59 fits; 41 reaches 64
-        scheduler.submit_dryrun(torchrun_app(m="trainers.ddp", j="2x1", name="a" * 36), cfg)
+        # 40 + 1 + 14 + len("-ddp-0-1") = 63 fits; 41 reaches 64
+        scheduler.submit_dryrun(torchrun_app(m="trainers.ddp", j="2x1", name="a" * 40), cfg)
         with pytest.raises(ComponentArgumentError, match=r"kubernetes_jobset: pod hostname "
                            r"'a{41}-\w+-ddp-0-1' can reach 64 characters"):
             scheduler.submit_dryrun(torchrun_app(m="trainers.ddp", j="2x1", name="a" * 41), cfg)
