@@ -158,6 +158,7 @@ BAD_INPUT = [
     ("local_queue=q,termination_grace_s=0", "termination_grace_s=0 kills an evicted or "
      "preempted pod"),
     ("local_queue=q,shm_size=lots", "shm_size='lots' is invalid"),
+    ("local_queue=q,shm_size=64Gi", "shm_size=64Gi exceeds the pod's memory limit"),
     ("local_queue=q,node_shapes=1/1Gi", "role ddp asks each pod for 2 CPUs"),
 ]
 
@@ -169,6 +170,7 @@ def test_bad_input_is_one_line_before_submission(cfg, fragment):
         scheduler.submit_dryrun(torchrun_app(m="trainers.ddp", j="2x1"),
                                 scheduler.run_opts().cfg_from_str(cfg))
     assert fragment in str(info.value) and "\n" not in str(info.value)
+    assert str(info.value).startswith("kubernetes_jobset: "), info.value  # the shared parsers'
 
 
 def test_pod_hostname_too_long_for_any_app_id_is_refused_on_every_submit():

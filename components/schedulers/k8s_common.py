@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, List, cast  # noqa: UP035 (torchx matches typing.List[str] exactly)
 
 from torchx.specs import AppDef, Role, runopts
@@ -130,6 +131,19 @@ class HardenedPods:
     server's dry run of the object to submit. ``registered_as`` names the scheduler in errors."""
 
     registered_as: str
+
+    @contextmanager
+    def errors_named(self) -> Iterator[None]:
+        """Within it, the one-line errors of the shared option parsers and pod checks, which
+        begin ``kubernetes:``, begin with this scheduler's name instead."""
+        prefix = "kubernetes: "
+        try:
+            yield
+        except ComponentArgumentError as err:
+            text = str(err)
+            if self.registered_as == "kubernetes" or not text.startswith(prefix):
+                raise
+            raise ComponentArgumentError(f"{self.registered_as}: {text[len(prefix):]}") from None
 
     def add_pod_opts(self, opts: runopts) -> None:
         """Add :data:`POD_OPTS` and ``validate_spec`` to ``opts``."""

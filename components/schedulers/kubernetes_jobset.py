@@ -167,17 +167,19 @@ class KubernetesJobSetScheduler(StrictRunOptions, HardenedPods, _TorchXKubernete
 
     def _submit_dryrun(self, app: AppDef, cfg: Any) -> AppDryRunInfo[JobSetRequest]:
         raw = cast(Mapping[str, Any], cfg)
-        queue = check_cfg(raw)
-        pods = pod_options(raw, app)
+        with self.errors_named():
+            queue = check_cfg(raw)
+            pods = pod_options(raw, app)
         warn_elastic(app)
         images_to_push = self.dryrun_push_images(app, cfg)
         name = normalize_str(make_unique(app.name))
         jobset = app_to_jobset(app, name, queue, raw.get("service_account"),
                                raw.get("priority_class"), raw.get("workload_priority_class"))
         check_names(jobset)
-        for rj in jobset["spec"]["replicatedJobs"]:
-            job = rj["template"]["spec"]
-            job["template"] = customize_pod(job["template"], pods)
+        with self.errors_named():
+            for rj in jobset["spec"]["replicatedJobs"]:
+                job = rj["template"]["spec"]
+                job["template"] = customize_pod(job["template"], pods)
         if raw.get("validate_spec"):
             self.validate_on_server(jobset, raw.get("namespace") or "default", group=API_GROUP,
                                     version=API_VERSION, plural=PLURAL)
