@@ -134,16 +134,12 @@ class HardenedPods:
 
     @contextmanager
     def errors_named(self) -> Iterator[None]:
-        """Within it, the one-line errors of the shared option parsers and pod checks, which
-        begin ``kubernetes:``, begin with this scheduler's name instead."""
-        prefix = "kubernetes: "
+        """Within it, a :class:`~components.schedulers.k8s_options.PodOptionError` of the shared
+        option parsers and pod checks is raised under this scheduler's name."""
         try:
             yield
-        except ComponentArgumentError as err:
-            text = str(err)
-            if self.registered_as == "kubernetes" or not text.startswith(prefix):
-                raise
-            raise ComponentArgumentError(f"{self.registered_as}: {text[len(prefix):]}") from None
+        except opt.PodOptionError as err:
+            raise ComponentArgumentError(f"{self.registered_as}: {err.detail}") from None
 
     def add_pod_opts(self, opts: runopts) -> None:
         """Add :data:`POD_OPTS` and ``validate_spec`` to ``opts``."""

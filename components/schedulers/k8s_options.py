@@ -24,8 +24,19 @@ _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 1
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
-def _fail(option: str, value: str, expected: str) -> ComponentArgumentError:
-    return ComponentArgumentError(f"kubernetes: {option}={value!r} is invalid: {expected}")
+class PodOptionError(ComponentArgumentError):
+    """A bad option or pod template in the checks both Kubernetes schedulers share: ``detail``
+    is the line without a scheduler's name; the message is the ``kubernetes`` scheduler's, and
+    another scheduler re-raises it under its own name
+    (:meth:`components.schedulers.k8s_common.HardenedPods.errors_named`)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"kubernetes: {detail}")
+        self.detail = detail
+
+
+def _fail(option: str, value: str, expected: str) -> PodOptionError:
+    return PodOptionError(f"{option}={value!r} is invalid: {expected}")
 
 
 def is_dns1123_label(name: str) -> bool:

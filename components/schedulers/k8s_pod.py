@@ -5,8 +5,8 @@
 hardened security context, writable volumes where training writes under a read-only root file
 system, a sized /dev/shm, the checkpoint claim, secrets, scheduling constraints, image pull
 secrets and the termination grace period (:mod:`components.schedulers.k8s_preemption`). It
-raises :class:`components.launch.ComponentArgumentError` (one line) for a template the options
-cannot serve.
+raises :class:`~components.schedulers.k8s_options.PodOptionError` (one line) for a template
+the options cannot serve.
 """
 
 from __future__ import annotations
@@ -15,8 +15,13 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.errors import ComponentArgumentError
-from components.schedulers.k8s_options import NodeShape, SecretEnv, check_subdomain, parse_quantity
+from components.schedulers.k8s_options import (
+    NodeShape,
+    PodOptionError,
+    SecretEnv,
+    check_subdomain,
+    parse_quantity,
+)
 from components.schedulers.k8s_preemption import DEFAULT_TERMINATION_GRACE_S
 
 # The image's layout (images/): the repository at WORKDIR, a numeric non-root user, its HOME.
@@ -64,8 +69,8 @@ def _add_volume(spec: Pod, container: Pod, volume: Pod, path: str, read_only: bo
     mounts = container.setdefault("volumeMounts", [])
     taken = {m["mountPath"].rstrip("/") or "/" for m in mounts}
     if path in taken:
-        raise ComponentArgumentError(
-            f"kubernetes: two volumes mount at {path}; move one of them (--mounts, "
+        raise PodOptionError(
+            f"two volumes mount at {path}; move one of them (--mounts, "
             "secret_volumes or checkpoint_pvc)")
     spec.setdefault("volumes", []).append(volume)
     mounts.append({"name": volume["name"], "mountPath": path, "readOnly": read_only})
@@ -74,8 +79,8 @@ def _add_volume(spec: Pod, container: Pod, volume: Pod, path: str, read_only: bo
 def _size_shm(spec: Pod, container: Pod, opts: PodOptions) -> None:
     limit = container.get("resources", {}).get("limits", {}).get("memory")
     if limit is not None and opts.shm_bytes > parse_quantity("memory limit", limit):
-        raise ComponentArgumentError(
-            f"kubernetes: shm_size={opts.shm_size} exceeds the pod's memory limit {limit} "
+        raise PodOptionError(
+            f"shm_size={opts.shm_size} exceeds the pod's memory limit {limit} "
             "(/dev/shm counts against it); lower shm_size or raise --memMB")
     shm_mounts = {m["name"] for m in container.get("volumeMounts", [])
                   if m["mountPath"] == "/dev/shm"}
@@ -88,8 +93,8 @@ def _merge_node_selector(spec: Pod, selector: dict[str, str]) -> None:
     current = spec.get("nodeSelector") or {}
     for key, value in selector.items():
         if current.get(key, value) != value:
-            raise ComponentArgumentError(
-                f"kubernetes: node_selector {key}:{value} contradicts {key}:{current[key]} "
+            raise PodOptionError(
+                f"node_selector {key}:{value} contradicts {key}:{current[key]} "
                 "from the named resource (-h); drop one of them")
     if current or selector:
         spec["nodeSelector"] = {**current, **selector}
@@ -110,13 +115,13 @@ def customize_pod(template: Pod, opts: PodOptions) -> Pod:
     spec = pod["spec"]
     container = spec["containers"][0]
     if (container.get("securityContext") or {}).get("privileged"):
-        raise ComponentArgumentError(
-            "kubernetes: device mounts (type=device) need a privileged container, which the "
+        raise PodOptionError(
+            "device mounts (type=device) need a privileged container, which the "
             "hardened pod forbids; request devices through a device plugin (--gpu, -h) instead")
     for volume in spec.get("volumes", []):
         if "hostPath" in volume:
-            raise ComponentArgumentError(
-                f"kubernetes: --mounts type=bind ({volume['hostPath']['path']}) mounts a host "
+            raise PodOptionError(
+                f"--mounts type=bind ({volume['hostPath']['path']}) mounts a host "
                 "path, which the hardened pod (and k8s/'s restricted namespace) forbids; mount a "
                 "claim instead: type=volume,src=CLAIM,dst=/PATH")
         if "persistentVolumeClaim" in volume:
@@ -151,7 +156,7 @@ def check_fits(role: str, cpu: float, mem_mb: int, gpu: int, shapes: list[NodeSh
                          for s in shapes):
         return
     largest = max(shapes, key=lambda s: (s.gpu, s.cpu, s.memory))
-    raise ComponentArgumentError(
-        f"kubernetes: role {role} asks each pod for {cpu:g} CPUs, {mem_mb}M memory and {gpu} "
+    raise PodOptionError(
+        f"role {role} asks each pod for {cpu:g} CPUs, {mem_mb}M memory and {gpu} "
         f"GPUs, which no node in node_shapes offers (largest: {largest}); lower --cpu, --memMB "
         "or --gpu, spread the job over more nodes (-j), or pick a named resource (-h) that fits")

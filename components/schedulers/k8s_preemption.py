@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.errors import ComponentArgumentError
+from components.schedulers.k8s_options import PodOptionError
 
 # Kubernetes' own default is 30 s: too short to finish a step and write the checkpoint of a
 # large model. A 7B model with Adam state is ~112 GB (16 bytes a parameter) written by the whole
@@ -34,19 +34,19 @@ EVENTS = ("PodEvicted", "PodFailed")
 
 
 def check_termination_grace(value: int, shutdown_timeout: str | None) -> None:
-    """Raise ComponentArgumentError (one line) unless ``value`` (termination_grace_s) gives the
+    """Raise PodOptionError (one line) unless ``value`` (termination_grace_s) gives the
     trainers time to save and torchrun waits for them that long (``shutdown_timeout``: the
     role's ``PET_SHUTDOWN_TIMEOUT``, if set)."""
     if value <= 0:
         what = ("is negative" if value < 0 else "kills an evicted or preempted pod at once, "
                 "before the trainers can save a checkpoint")
-        raise ComponentArgumentError(
-            f"kubernetes: termination_grace_s={value} {what}; pass the seconds a step plus a "
+        raise PodOptionError(
+            f"termination_grace_s={value} {what}; pass the seconds a step plus a "
             f"checkpoint save take, e.g. termination_grace_s={DEFAULT_TERMINATION_GRACE_S}")
     if shutdown_timeout is not None and shutdown_timeout.isdigit() \
             and value > int(shutdown_timeout):
-        raise ComponentArgumentError(
-            f"kubernetes: termination_grace_s={value} exceeds torchrun's PET_SHUTDOWN_TIMEOUT="
+        raise PodOptionError(
+            f"termination_grace_s={value} exceeds torchrun's PET_SHUTDOWN_TIMEOUT="
             f"{shutdown_timeout}, after which it kills the trainers mid-save; lower "
             f"termination_grace_s or pass --env PET_SHUTDOWN_TIMEOUT={value}")
 
