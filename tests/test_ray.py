@@ -168,10 +168,11 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], returncode: int = 2)
 
 
 @pytest.fixture(scope="module")
-def torchrun_runs(tmp_path_factory) -> Iterator[dict[str, Path]]:
+def torchrun_runs(tmp_path_factory, ray_address) -> Iterator[dict[str, Path]]:
     """Run directories of ARGS under torchrun on 2 ranks, one per strategy of STRATEGY_ARGS,
-    trained one after another in the background from the moment this is set up (requested
-    before ``ray_address``, they train while the head starts); reading one waits for it."""
+    trained one after another in the background from the moment this is set up; reading one
+    waits for it. The Ray head starts first: `ray start` gives its raylet a fixed 30 s to
+    register, which training beside it on 2 cores could overrun."""
 
     def train(strategy: str, run_dir: Path) -> Path:
         run_trainer([*ARGS, *STRATEGY_ARGS[strategy], "--output-dir", str(run_dir)], nproc=2,
