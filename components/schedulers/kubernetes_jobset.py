@@ -170,19 +170,18 @@ class KubernetesJobSetScheduler(StrictRunOptions, HardenedPods, _TorchXKubernete
         with self.errors_named():
             queue = check_cfg(raw)
             pods = pod_options(raw, app)
-        warn_elastic(app)
-        images_to_push = self.dryrun_push_images(app, cfg)
-        name = normalize_str(make_unique(app.name))
-        jobset = app_to_jobset(app, name, queue, raw.get("service_account"),
-                               raw.get("priority_class"), raw.get("workload_priority_class"))
-        check_names(jobset)
-        with self.errors_named():
+            warn_elastic(app)
+            images_to_push = self.dryrun_push_images(app, cfg)
+            name = normalize_str(make_unique(app.name))
+            jobset = app_to_jobset(app, name, queue, raw.get("service_account"),
+                                   raw.get("priority_class"), raw.get("workload_priority_class"))
+            check_names(jobset)
             for rj in jobset["spec"]["replicatedJobs"]:
                 job = rj["template"]["spec"]
                 job["template"] = customize_pod(job["template"], pods)
-        if raw.get("validate_spec"):
-            self.validate_on_server(jobset, raw.get("namespace") or "default", group=API_GROUP,
-                                    version=API_VERSION, plural=PLURAL)
+            if raw.get("validate_spec"):
+                self.validate_on_server(jobset, raw.get("namespace") or "default",
+                                        group=API_GROUP, version=API_VERSION, plural=PLURAL)
         return AppDryRunInfo(JobSetRequest(images_to_push, jobset), repr)
 
     def schedule(self, dryrun_info: AppDryRunInfo[JobSetRequest]) -> str:
