@@ -1,69 +1,37 @@
-"""Shared helpers: run a trainer as one process or under torchrun, read what it wrote."""
+"""The tiers and the fixtures shared by every tier.
+
+Each test's tier is the folder it lives in, given to it as a marker of that name, so
+``pytest tests/unit`` and ``pytest -m "not system"`` select the same tests:
+- ``unit``: in this process (no subprocess, no service, no torchrun);
+- ``integration``: trainers under torchrun and TorchX's local_cwd in subprocesses;
+- ``system``: services started beforehand (the Slurm cluster, podman's containers and pods, a
+  Ray cluster, the CRD schemas of Volcano/JobSet/Kueue) and TorchX main.
+``tests/support/`` holds the helpers. Under ``CI=true`` a skipped test fails.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.runs import TINY, losses, run_trainer
 
-pytest_plugins = ["pytester", "tests.slurm_support"]
+pytest_plugins = ["pytester", "tests.support.slurm"]
 
-# Small, fast settings for the tiny model; tests add or override flags.
-TINY = ["--model", "tiny", "--batch-size", "8", "--steps", "8", "--warmup-steps", "2",
-        "--eval-every", "0", "--tensorboard", "false", "--log-every", "1",
-        "--peak-tflops", "1", "--train-samples", "256", "--resume", "none"]
+TIERS = ("unit", "integration", "system")
+TESTS = Path(__file__).resolve().parent
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    # torchx's local_cwd runs `torchrun` from PATH: take this interpreter's environment's.
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
-def run_trainer(args: list[str], nproc: int = 1, module: str = "trainers.ddp",
-                check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``python -m module args`` (nproc 1) or the same under ``torchrun --nproc_per_node``."""
-    if nproc == 1:
-        cmd = [sys.executable, "-m", module, *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "-m", module, *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return proc
-
-
-def torchx_cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None,
-               timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``python -m torchx.cli.main <args>`` in ``cwd`` with the tests' environment plus ``env``
-    (a process each time: TorchX's CLI keeps global argument state)."""
-    return subprocess.run([sys.executable, "-m", "torchx.cli.main", *args], cwd=cwd,
-                          env={**_env(), **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    """Per-step training loss from a run's metrics.jsonl."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records}
-
-
-def assert_close(actual: dict[int, float], expected: dict[int, float], rel: float = 1e-5) -> None:
-    assert actual.keys() == expected.keys(), (sorted(actual), sorted(expected))
-    for step in expected:
-        diff = abs(actual[step] - expected[step]) / abs(expected[step])
-        assert diff <= rel, f"step {step}: {actual[step]} vs {expected[step]} (rel {diff:.2e})"
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, the name of its folder under tests/."""
+    for item in items:
+        tier = Path(item.fspath).resolve().relative_to(TESTS).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in tests/unit, "
+                                    "tests/integration or tests/system")
+        item.add_marker(tier)
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +50,6 @@ def world_of_one():
 
     with init_distributed(parse_config(["--device", "cpu"], "ddp")) as env:
         yield env
-
 
 
 @pytest.hookimpl(hookwrapper=True)

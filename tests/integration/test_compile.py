@@ -1,0 +1,58 @@
+"""``--compile`` (per-block torch.compile, inductor on the CPU) trains like eager.
+
+Per-step losses over 20 steps within 1e-4 relative of the same run eager, under DDP in bf16,
+FSDP2 (on the llama family), and tensor parallelism with activation checkpointing; the
+summary reports the compile time apart from the step time; parameter names, hence
+checkpoints, are those of the eager model.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.support.runs import TINY, assert_close, losses, run_trainer
+from trainers.core.metrics import bf16_matmul_hardware
+from trainers.core.model_spec import resolve_spec
+from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.parallel.compile import apply_compile
+
+STEPS = [*TINY, "--steps", "20"]
+FP32 = ["--batch-size", "16"]
+BF16 = ["--batch-size", "4", "--dtype", "bf16"]  # small: bf16 is slow on CPUs without AMX
+# The shapes of `python -m bench.gpu --quick` (tests/test_bench_gpu.py), whose compiled run
+# then finds this one's kernels in inductor's cache.
+LLAMA = ["--model", "llama-tiny", "--batch-size", "4"]
+CASES = {"ddp-bf16": ("trainers.ddp", BF16),
+         "fsdp-llama": ("trainers.fsdp", LLAMA),
+         "tp-ac": ("trainers.tensor_parallel", [*FP32, "--tp", "2", "--activation-checkpointing"])}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_compiled_run_matches_eager(tmp_path, case):
+    """Two ranks each: DDP's wrapper, FSDP's hooks and TP's DTensors around compiled blocks,
+    against the same run eager."""
+    module, flags = CASES[case]
+    run_trainer([*STEPS, *flags, "--output-dir", str(tmp_path / "eager")], nproc=2,
+                module=module)
+    proc = run_trainer([*STEPS, *flags, "--compile", "--output-dir", str(tmp_path / "compiled")],
+                       nproc=2, module=module)
+    assert_close(losses(tmp_path / "compiled"), losses(tmp_path / "eager"), rel=1e-4)
+    summary = json.loads((tmp_path / "compiled" / "summary.json").read_text())
+    assert summary["compile_time_s"] > 0
+    if "bf16" in flags and bf16_matmul_hardware(torch.device("cpu")) is None:
+        assert "no bf16 matmul hardware" in proc.stdout
+
+
+def test_compiled_blocks_keep_the_eager_parameter_names():
+    spec = resolve_spec("tiny")
+    eager, compiled = spec.meta_model(), spec.meta_model()
+    apply_compile(compiled, spec)
+    apply_activation_checkpointing(compiled, spec)
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    blocks = [m for m in compiled.modules() if type(m).__name__ == "Block"]
+    assert len(blocks) == spec.shape.n_layers
+    assert all("forward" in vars(block) for block in blocks)  # compiled on the instance

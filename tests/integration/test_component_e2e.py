@@ -1,0 +1,83 @@
+"""End to end: ``torchx run -s local_cwd`` of each component trains and its loss falls."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.runs import REPO, child_env, torchx_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("component, j, extra", [
+    pytest.param("ddp", "1x2", [], marks=pytest.mark.torchx_main),
+    ("fsdp", "1x2", ["--reshard-after-forward", "false"]),
+    ("tensor_parallel", "1x4", ["--tp", "2", "--sequence-parallel"]),  # 2 x 2 mesh
+    ("pipeline", "1x2", ["--pp", "2", "--schedule", "interleaved1f1b", "--virtual-stages", "2"]),
+    ("model_parallel", "1x1", ["--devices", "cpu,cpu"]),
+])
+def test_component_on_local_cwd(tmp_path, component, j, extra):
+    run_dir = tmp_path / "run"
+    proc = torchx_cli("run", "-s", "local_cwd", f"components/{component}.py:{component}",
+                      "-j", j, "--", "--model", "tiny", "--steps", "40", "--batch-size", "16",
+                      "--eval-every", "20", "--output-dir", str(run_dir), *extra)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "job finished: succeeded" in proc.stderr.lower()  # "Job" on 0.7.0, "job" on main
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == int(j[0]) * int(j[-1])
+    assert summary["first_loss"] > math.log(256) - 0.2
+    assert summary["final_loss"] < summary["first_loss"] - 1.5
+    assert summary["final_eval_loss"] < math.log(256) - 1.5
+    assert (run_dir / "checkpoints" / "step_00000040" / "manifest.json").exists()
+    assert list((run_dir / "tensorboard").iterdir())
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 40
+
+
+@pytest.mark.torchx_main
+def test_component_with_bad_arguments_schedules_nothing(tmp_path):
+    proc = torchx_cli("run", "-s", "local_cwd", "components/ddp.py:ddp", "-j", "1x2", "--",
+                      "--batch-size", "15", "--output-dir", str(tmp_path / "run"), timeout=120)
+    assert proc.returncode == 1
+    assert ("trainers.ddp: --batch-size 15 is not divisible by --grad-accum 1 x data-parallel "
+            "size 2; pass a multiple of 2") in proc.stderr
+    assert "Traceback" not in proc.stderr and "local_cwd://" not in proc.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_hf_model_on_a_jsonl_directory_with_a_trained_tokenizer(tmp_path):
+    """``hf:DIR`` + a directory of .jsonl files + a tokenizer.json trained on them, through
+    ``torchx run -s local_cwd`` under fsdp; then sampling from the run decodes through it."""
+    pytest.importorskip("transformers")
+    from trainers.core.hf_model import tiny_llama_config
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    words = ["the", "model", "trains", "on", "text", "and", "data", "shards", "over", "ranks"]
+    for part in range(3):
+        lines = [json.dumps({"text": " ".join(words[(i * 7 + k * 3 + part) % len(words)]
+                                              for k in range(40))}) for i in range(200)]
+        (corpus / f"part{part}.jsonl").write_text("\n".join(lines) + "\n")
+    tokenizer = tmp_path / "tokenizer.json"
+    from trainers.train_tokenizer import main as train_tokenizer
+
+    train_tokenizer([str(corpus), "--vocab-size", "300", "--output", str(tokenizer)])
+    model = tiny_llama_config(tmp_path / "hf", vocab_size=300)
+    run_dir = tmp_path / "run"
+    proc = torchx_cli("run", "-s", "local_cwd", "components/fsdp.py:fsdp", "-j", "1x2", "--",
+                      "--model", f"hf:{model}", "--data", str(corpus), "--tokenizer",
+                      str(tokenizer), "--steps", "30", "--batch-size", "8",
+                      "--activation-checkpointing", "--eval-every", "15",
+                      "--output-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_loss"] < summary["first_loss"] - 1.0
+    sample = subprocess.run([sys.executable, "-m", "trainers.sample", str(run_dir), "--prompt",
+                             "the model", "--tokens", "8"], cwd=REPO, env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert sample.returncode == 0, sample.stderr[-2000:]
+    assert sample.stdout.startswith("the model")

@@ -1,0 +1,162 @@
+"""Every component rendered by ``torchx run --dryrun -s kubernetes``: schema-valid, hardened,
+wired for rendezvous, and carrying the pod options it was given."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from components.schedulers.k8s_pod import HOME_DIR, OUTPUTS_DIR, USER_ID
+from components.schedulers.k8s_preemption import DEFAULT_TERMINATION_GRACE_S
+from tests.support.k8s import pod_of, render, validate_core, validate_volcano
+
+TRAINER_ARGS = {
+    "ddp": ["--model", "tiny"],
+    "fsdp": ["--model", "tiny"],
+    "tensor_parallel": ["--model", "tiny", "--tp", "2"],
+    "pipeline": ["--model", "tiny", "--pp", "2"],
+    "model_parallel": ["--model", "tiny", "--devices", "cpu,cpu"],
+}
+# (size, nodes, min nodes): single node, multi-node, elastic. model_parallel: one process a node.
+SIZES = [("1x{p}", 1, 1), ("2x{p}", 2, 2), ("1:2x{p}", 2, 1)]
+CASES = [pytest.param(c, size.format(p=1 if c == "model_parallel" else 2), nodes, min_nodes,
+                      id=f"{c}-{size.format(p='M')}")
+         for c in TRAINER_ARGS for size, nodes, min_nodes in SIZES]
+
+
+def _containers(job):
+    return [task["template"]["spec"]["containers"][0] for task in job["spec"]["tasks"]]
+
+
+@pytest.mark.parametrize(("component", "j", "nodes", "min_nodes"), CASES)
+def test_component_renders_valid_hardened_job(component, j, nodes, min_nodes):
+    job = render(component, j, TRAINER_ARGS[component])
+    validate_volcano(job)
+    tasks = job["spec"]["tasks"]
+    assert len(tasks) == nodes
+    assert job["spec"]["queue"] == "torchx-templates"  # .torchxconfig [kubernetes]
+    assert job["spec"]["priorityClassName"] == "training-preemptible"
+    assert "svc" in job["spec"]["plugins"]
+    if min_nodes < nodes:
+        assert [t["minAvailable"] for t in tasks] == [1] * min_nodes + [0] * (nodes - min_nodes)
+    # --max_retries 0: a lost pod ends the job (its checkpoint stays on the claim)
+    assert job["spec"]["maxRetry"] == 1
+    assert job["spec"]["policies"] == [{"event": "PodEvicted", "action": "TerminateJob"},
+                                       {"event": "PodFailed", "action": "TerminateJob"}]
+    for task in tasks:
+        assert "policies" not in task and "maxRetry" not in task
+        assert task["template"]["spec"]["terminationGracePeriodSeconds"] == \
+            DEFAULT_TERMINATION_GRACE_S
+        pod = pod_of(job, task)
+        validate_core(pod)
+        spec, container = pod["spec"], pod["spec"]["containers"][0]
+        assert spec["securityContext"] == {
+            "runAsNonRoot": True, "runAsUser": USER_ID, "runAsGroup": USER_ID,
+            "fsGroup": USER_ID, "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"}}
+        sc = container["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["privileged"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["serviceAccountName"] == "torchx-trainer"
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes[mounts[OUTPUTS_DIR]]["persistentVolumeClaim"] == {
+            "claimName": "torchx-outputs"}
+        assert volumes[mounts["/tmp"]]["emptyDir"] == {}
+        assert volumes[mounts[HOME_DIR]]["emptyDir"] == {}
+        assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+        assert set(container["resources"]["limits"]) == {"cpu", "memory"}
+        assert container["image"] == "torchx-templates:cpu"
+        assert f"-m trainers.{component} " in container["command"][-1]
+
+
+@pytest.mark.parametrize(("component", "j", "nodes", "min_nodes"), CASES)
+def test_every_replica_rendezvous_at_the_first_task(component, j, nodes, min_nodes):
+    """Multi-node: replica 0 reaches itself, every other replica the host that Volcano's svc
+    plugin publishes for the first task (``VC_<TASK>_HOSTS``, upper-cased, '-' -> '_'), on the
+    port the first task exposes, all under one rendezvous id. One node: a local rendezvous."""
+    job = render(component, j, TRAINER_ARGS[component])
+    containers = _containers(job)
+    commands = [c["command"][-1] for c in containers]
+    endpoints = [re.search(r"--rdzv_endpoint (\S+)", cmd).group(1) for cmd in commands]
+    assert len({re.search(r"--rdzv_id (\S+)", cmd).group(1) for cmd in commands}) == 1
+    nnodes = f"{min_nodes}:{nodes}" if min_nodes < nodes else str(nodes)
+    assert all(f"--nnodes {nnodes} " in cmd for cmd in commands)
+    if nodes == 1:
+        assert endpoints == ["localhost:0"]
+        return
+    first = job["spec"]["tasks"][0]["name"]
+    svc_env = "VC_" + first.upper().replace("-", "_") + "_HOSTS"
+    (port,) = [p["containerPort"] for p in containers[0]["ports"] if p["name"] == "c10d"]
+    env0 = {e["name"]: e.get("value") for e in containers[0]["env"]}
+    assert endpoints[0] == f"${{TORCHX_RANK0_HOST:=localhost}}:{port}"
+    assert env0["TORCHX_RANK0_HOST"] == "localhost"
+    for container, endpoint in zip(containers[1:], endpoints[1:], strict=True):
+        assert endpoint == f"${{{svc_env}:=localhost}}:{port}"
+        assert "TORCHX_RANK0_HOST" not in {e["name"] for e in container["env"]}
+
+
+def test_pod_options_are_rendered():
+    cfg = ("node_selector=node.kubernetes.io/instance-type:m5.2xlarge;pool:train,"
+           "tolerations=nvidia.com/gpu:NoSchedule;dedicated:training:NoExecute,"
+           "secret_env=HF_TOKEN:hf-token:token;s3-creds,secret_volumes=gcs-key:/var/run/gcs,"
+           "image_pull_secrets=registry-creds,checkpoint_pvc=ckpt:/mnt/ckpt,shm_size=512Mi")
+    job = render("ddp", "2x2", TRAINER_ARGS["ddp"], cfg=cfg)
+    validate_volcano(job)
+    for task in job["spec"]["tasks"]:
+        pod = pod_of(job, task)
+        validate_core(pod)
+        spec, container = pod["spec"], pod["spec"]["containers"][0]
+        assert spec["nodeSelector"] == {
+            "node.kubernetes.io/instance-type": "m5.2xlarge", "pool": "train"}
+        assert spec["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "dedicated", "operator": "Equal", "value": "training",
+             "effect": "NoExecute"}]
+        assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": "hf-token", "key": "token"}}} in container["env"]
+        assert container["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+        assert spec["imagePullSecrets"] == [{"name": "registry-creds"}]
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert mounts["/var/run/gcs"]["readOnly"] is True
+        assert volumes[mounts["/var/run/gcs"]["name"]]["secret"]["secretName"] == "gcs-key"
+        assert volumes[mounts["/mnt/ckpt"]["name"]]["persistentVolumeClaim"] == {
+            "claimName": "ckpt"}
+        assert OUTPUTS_DIR not in mounts
+        assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"]["sizeLimit"] == "512Mi"
+
+
+@pytest.mark.parametrize("component", ["ddp", "pipeline"])
+def test_preempted_or_lost_pod_restarts_the_job_max_retries_times(component):
+    """--max_retries 2: an evicted (preempted) or failed pod restarts the whole job, which
+    Volcano does twice with maxRetry 3 (it counts the restart it is about to make); every pod
+    gets termination_grace_s to save its checkpoint."""
+    job = render(component, "2x2", TRAINER_ARGS[component], cfg="termination_grace_s=120",
+                 options=("--max_retries", "2"))
+    validate_volcano(job)
+    assert job["spec"]["maxRetry"] == 3
+    assert job["spec"]["policies"] == [{"event": "PodEvicted", "action": "RestartJob"},
+                                       {"event": "PodFailed", "action": "RestartJob"}]
+    for task in job["spec"]["tasks"]:
+        assert "policies" not in task and "maxRetry" not in task  # the job's policies apply
+        pod = pod_of(job, task)
+        validate_core(pod)
+        assert pod["spec"]["terminationGracePeriodSeconds"] == 120
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["PET_SHUTDOWN_TIMEOUT"] == "900"  # torchrun waits longer than the grace
+
+
+def test_writable_root_drops_the_scratch_volumes_and_keeps_the_rest_hardened():
+    job = render("fsdp", "1x2", TRAINER_ARGS["fsdp"], cfg="read_only_root_fs=False")
+    pod = pod_of(job, job["spec"]["tasks"][0])
+    validate_core(pod)
+    container = pod["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is False
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    paths = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/tmp" not in paths and HOME_DIR not in paths and OUTPUTS_DIR in paths

@@ -1,0 +1,126 @@
+"""The memory anatomy's formulas against a measured training step (each within 10%)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench.memory_probe import measure_step
+from tests.support.runs import REPO, child_env
+from trainers.core.loop import build_optimizer
+from trainers.core.model_spec import build_model, resolve_spec
+from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.spec.config import parse_config
+from trainers.spec.memory import Layout, anatomy_table, predict
+from trainers.spec.shapes import MODEL_SIZES
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "gathered")
+
+
+def assert_within(measured: dict[str, int], predicted: dict[str, int], rel: float = 0.10):
+    for category in CATEGORIES:
+        got, want = measured[category], predicted[category]
+        assert abs(got - want) <= rel * max(want, 1), \
+            f"{category}: measured {got}, predicted {want}"
+
+
+@pytest.mark.parametrize("name", ["tiny", "small", "llama-tiny", "llama-small"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
+    cfg = parse_config(["--model", name], "ddp", world_sizes=[1], check_paths=False)
+    torch.manual_seed(0)
+    model = build_model(name)
+    if checkpointing:
+        apply_activation_checkpointing(model, resolve_spec(name))
+    optimizer = build_optimizer(model, cfg)
+    batch, seq = 4, 64  # the shapes are the model's; a short sequence keeps it fast
+    inputs, targets = torch.randint(0, model.cfg.vocab_size, (2, batch, seq))
+    for _ in range(2):
+        measured = measure_step(model, optimizer, inputs, targets, torch.autocast(
+            "cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"))
+    predicted = predict(model.cfg, batch, seq, dtype, checkpointing, Layout())
+    assert_within(dataclasses.asdict(measured), dataclasses.asdict(predicted))
+    # At the end of forward the step holds parameters, optimizer state and activations
+    # (gradients were freed by the previous step's zero_grad); the peak is at least that.
+    held = measured.params + measured.optimizer + measured.activations
+    assert held <= measured.peak < 2 * predicted.total
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])
+def test_two_rank_steps_match_the_formulas(strategy, name="llama-tiny"):
+    """The sharding formulas on 2 ranks, on llama-tiny (the layout's division of the states
+    does not depend on the family; every family's one-process formulas are checked above)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
+           "-m", "tests.support.workers.memory_anatomy", strategy, name]
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(records) == 8  # fp32 and bf16, with and without checkpointing, on 2 ranks
+    for record in records:
+        try:
+            assert_within(record["measured"], record["predicted"])
+        except AssertionError as err:
+            raise AssertionError(f"{record['case']}, rank {record['rank']}: {err}") from None
+
+
+def test_sharding_divides_the_states():
+    shape = MODEL_SIZES["1b"]
+    ddp, zero1, zero2, zero3 = (predict(shape, 1, 2048, "bf16", False, Layout(s, dp=8))
+                                for s in ("ddp", "zero1", "zero2", "zero3"))
+    assert zero1.optimizer == pytest.approx(ddp.optimizer / 8, rel=1e-3)
+    assert zero1.params == ddp.params and zero1.grads == ddp.grads
+    assert zero2.grads == zero3.grads == pytest.approx(ddp.grads / 8, rel=1e-3)
+    assert zero3.params == pytest.approx(ddp.params / 8, rel=1e-3)
+    assert zero2.gathered == ddp.params // 2  # every parameter whole, in bf16
+    assert ddp.params + ddp.grads + ddp.optimizer == 16 * shape.num_params() + 4 * (4 + 10 * 20)
+    checkpointed = predict(shape, 1, 2048, "bf16", True, Layout())
+    assert checkpointed.activations < ddp.activations / 5
+
+
+def test_tensor_and_pipeline_degrees_divide_blocks():
+    shape = MODEL_SIZES["7b"]
+    whole = predict(shape, 1, 2048, "bf16", False, Layout())
+    tp = predict(shape, 1, 2048, "bf16", False, Layout(tp=8))
+    pp = predict(shape, 1, 2048, "bf16", False, Layout(pp=4))
+    assert tp.params < whole.params / 6 and pp.params < whole.params / 3.5
+    assert tp.activations < whole.activations / 2 and pp.activations < whole.activations / 3
+
+
+def test_the_1b_table_comes_from_the_formulas():
+    table = anatomy_table(MODEL_SIZES["1b"], 1, 2048, "bf16", False, 8)
+    lines = table.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["ddp", "zero1", "zero2", "zero3"]
+    zero3 = predict(MODEL_SIZES["1b"], 1, 2048, "bf16", False, Layout("zero3", dp=8))
+    assert lines[-1].split()[-1] == f"{zero3.total / 2**30:.2f}"
+    out = subprocess.run([sys.executable, "-m", "trainers.memory", "--model", "1b", "--devices",
+                          "8"], capture_output=True, text=True, check=True, cwd=REPO)
+    assert table in out.stdout
+
+
+def test_unknown_sharding_is_refused():
+    with pytest.raises(ValueError, match="unknown sharding 'zero4'"):
+        Layout("zero4")
+
+
+@pytest.mark.parametrize("name, seq", [("tiny", 64), ("small", 256)])
+@pytest.mark.parametrize("attention, window", [("naive", 256), ("tiled", 256),
+                                               ("sliding_window", 64), ("linear", 256)])
+def test_attention_implementations_match_the_formulas(name, seq, attention, window):
+    cfg = parse_config(["--model", name], "ddp", world_sizes=[1], check_paths=False)
+    torch.manual_seed(0)
+    model = build_model(name, attention=attention, attention_window=window)
+    optimizer = build_optimizer(model, cfg)
+    inputs, targets = torch.randint(0, 256, (2, 2, seq))
+    for _ in range(2):
+        measured = measure_step(model, optimizer, inputs, targets)
+    predicted = predict(model.cfg, 2, seq, "fp32", False, Layout())
+    assert_within(dataclasses.asdict(measured), dataclasses.asdict(predicted))

@@ -1,0 +1,160 @@
+"""The planner follows the decision guide; components refuse jobs that cannot fit; an
+out-of-memory step explains itself."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from components.ddp import ddp
+from components.errors import ComponentArgumentError
+from components.fsdp import fsdp
+from components.pipeline import pipeline
+from tests.support.runs import REPO, child_env, torchx_cli
+from trainers.spec.config import parse_config
+from trainers.spec.errors import ConfigError
+from trainers.spec.planner import GIB, job_candidate, recommend
+from trainers.spec.shapes import MODEL_SIZES
+
+
+def test_a_model_that_fits_one_device_gets_ddp():
+    best = recommend(MODEL_SIZES["125m"], 1024, 256, 8, 1, 80 * GIB, "bf16", "cuda")
+    assert best.trainer == "ddp" and not best.checkpointing
+    assert best.micro_batch * best.grad_accum * 8 == 256
+
+
+def test_a_batch_that_does_not_fit_gets_accumulation_then_checkpointing():
+    roomy = recommend(MODEL_SIZES["125m"], 1024, 256, 8, 1, 80 * GIB, "bf16", "cuda")
+    tight = recommend(MODEL_SIZES["125m"], 1024, 256, 8, 1, 8 * GIB, "bf16", "cuda")
+    assert tight.trainer == "ddp"
+    assert tight.micro_batch < roomy.micro_batch and tight.grad_accum > roomy.grad_accum
+
+
+def test_a_model_that_does_not_fit_gets_fsdp_then_more_parallelism():
+    assert recommend(MODEL_SIZES["1b"], 2048, 256, 8, 1, 16 * GIB, "bf16",
+                     "cuda").trainer == "fsdp"
+    assert recommend(MODEL_SIZES["7b"], 2048, 256, 8, 1, 80 * GIB, "bf16",
+                     "cuda").trainer == "fsdp"
+
+
+def test_nothing_fits_names_the_smallest_configuration():
+    with pytest.raises(ConfigError, match=r"no configuration fits 8\.0 GiB per device: the "
+                                          r"smallest, fsdp zero3 \(dp 8\).*needs 1\d\.\d GiB"):
+        recommend(MODEL_SIZES["7b"], 2048, 256, 8, 1, 8 * GIB, "bf16", "cuda")
+
+
+def test_gpipe_holds_more_micro_batches_than_1f1b():
+    def job(schedule: str):
+        cfg = parse_config(["--model", "small", "--pp", "2", "--schedule", schedule,
+                            "--microbatches", "8"], "pipeline", world_sizes=[2],
+                           check_paths=False)
+        return job_candidate(cfg, "pipeline", 2, "cpu")
+
+    gpipe, one_f_one_b = job("gpipe"), job("1f1b")
+    assert (gpipe.in_flight, one_f_one_b.in_flight) == (8, 2)  # all m vs pp micro-batches
+    assert gpipe.peak_bytes - one_f_one_b.peak_bytes == 6 * gpipe.anatomy.activations
+
+
+def _plan(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "trainers.plan", *args], capture_output=True,
+                          text=True, check=True, cwd=REPO).stdout
+
+
+def test_plan_command_prints_the_table_and_a_command():
+    out = _plan("--model", "1b", "--device-memory-gb", "16")
+    assert "fsdp zero3 (dp 8)" in out and "recommended: fsdp" in out
+    assert ("torchx run -s slurm components/fsdp.py:fsdp -j 1x8 --gpu 8 --device_memory_gb 16 "
+            "--cpu 64 --memMB 262144 -- --model 1b") in out
+
+
+# (planner arguments) across models, node counts, GPU types, CPU plans and every strategy
+# the planner recommends; at most 2 nodes, the local Slurm cluster's partition size.
+PLANS = [
+    ("--model", "1b", "--device-memory-gb", "16"),  # fsdp
+    ("--model", "small", "--gpu-type", "l4", "--global-batch", "64"),  # ddp
+    ("--model", "7b", "--nodes", "2", "--gpu-type", "a100-40gb", "--global-batch", "64"),
+    ("--model", "llama-8b", "--nodes", "2", "--devices-per-node", "4", "--gpu-type", "h100",
+     "--global-batch", "32", "--seq-len", "4096"),
+    ("--model", "7b", "--nodes", "2", "--device-memory-gb", "24", "--global-batch", "8"),  # tp
+    ("--model", "small", "--device", "cpu", "--devices-per-node", "2", "--device-memory-gb",
+     "2", "--global-batch", "16"),
+]
+
+
+def test_every_command_the_planner_prints_is_accepted_on_kubernetes():
+    assert_planner_commands_accepted("kubernetes")  # Slurm's: tests/system/test_slurm_commands.py
+
+
+def assert_planner_commands_accepted(scheduler: str) -> None:
+    """Each command the planner prints for ``scheduler``, dry-run as printed (no workspace
+    snapshot) from the repository root, whose .torchxconfig holds the scheduler's settings."""
+    trainers = set()
+    for plan in PLANS:
+        out = _plan(*plan, "--scheduler", scheduler)
+        (command,) = [line.strip() for line in out.splitlines()
+                      if line.strip().startswith("torchx run ")]
+        words = command.split()
+        trainers.add(words[4])
+        proc = torchx_cli("run", "--dryrun", "--workspace", "", *words[2:])
+        assert proc.returncode == 0, (command, proc.stderr[-2000:])
+        assert "=== SCHEDULER REQUEST ===" in proc.stdout
+    assert trainers >= {"components/ddp.py:ddp", "components/fsdp.py:fsdp"}
+    assert "components/tensor_parallel.py:tensor_parallel" in trainers
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device-memory-gb", "0"], "--device-memory-gb must be positive"),
+    (["--nodes=-1"], "--nodes must be positive"),
+    (["--seq-len", "9000"], "--seq-len must be in 1..2048"),
+    (["--model", "huge"], "--model huge: not a built-in size"),
+    (["--dtype", "fp8"], "invalid choice: 'fp8'"),
+    (["--heads", "5"], "--heads 5 does not divide the hidden size 4096"),
+    (["--model", "7b", "--device-memory-gb", "4"], "no configuration fits 4.0 GiB"),
+])
+def test_plan_command_rejects_bad_input_in_one_line(args, message):
+    proc = subprocess.run([sys.executable, "-m", "trainers.plan", *args], capture_output=True,
+                          text=True, cwd=REPO)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("trainers.plan: error: ") and message in line
+
+
+def test_custom_shape():
+    out = subprocess.run([sys.executable, "-m", "trainers.plan", "--layers", "4", "--heads",
+                          "8", "--hidden", "512", "--vocab", "1000", "--context", "128",
+                          "--device", "cpu", "--devices-per-node", "2",
+                          "--device-memory-gb", "4", "--global-batch", "16"],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert "recommended: ddp" in out
+
+
+def test_components_refuse_a_job_that_cannot_fit():
+    ddp("--model", "tiny")  # 2 GiB per rank on the default CPU node: fits
+    with pytest.raises(ComponentArgumentError, match=r"trainers.ddp: --model 1b needs .* GiB "
+                                                     r"per rank, devices have 16.0; try "
+                                                     r"trainers.fsdp"):
+        ddp("--model", "1b", "--dtype", "bf16", gpu=8, j="1x8", device_memory_gb=16)
+    with pytest.raises(ComponentArgumentError, match="no configuration fits 2.0 GiB"):
+        fsdp("--model", "1b")  # CPU node of 4096 MB for 2 processes
+    pipeline("--model", "small", "--pp", "2", "--schedule", "1f1b", "--microbatches", "8",
+             "--batch-size", "8")
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (5 * GIB, 5 * GIB))
+
+
+@pytest.mark.slow
+def test_out_of_memory_prints_the_anatomy_and_what_to_try(tmp_path):
+    cmd = [sys.executable, "-m", "trainers.ddp", "--model", "small", "--batch-size", "192",
+           "--steps", "2", "--output-dir", str(tmp_path), "--peak-tflops", "1",
+           "--tensorboard", "false", "--eval-every", "0", "--train-samples", "256"]
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          preexec_fn=_limit_memory, timeout=300)
+    assert proc.returncode == 1
+    assert "trainers.ddp: out of memory" in proc.stderr and "Traceback" not in proc.stderr
+    assert "activations" in proc.stderr and "--activation-checkpointing" in proc.stderr
+    assert "python -m trainers.plan --model small --global-batch 192" in proc.stderr

@@ -1,0 +1,106 @@
+"""Running trainers and TorchX as the tests do, and reading and comparing what runs wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from trainers.spec.checkpoint_files import find_checkpoints
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Small, fast settings for the tiny model; tests add or override flags.
+TINY = ["--model", "tiny", "--batch-size", "8", "--steps", "8", "--warmup-steps", "2",
+        "--eval-every", "0", "--tensorboard", "false", "--log-every", "1",
+        "--peak-tflops", "1", "--train-samples", "256", "--resume", "none"]
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a process the tests start: this checkout importable, this
+    interpreter's environment first on PATH (torchx's local_cwd runs `torchrun` from PATH),
+    one OpenMP thread unless set."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run_trainer(args: list[str], nproc: int = 1, module: str = "trainers.ddp",
+                check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` (nproc 1) or the same under ``torchrun --nproc_per_node``."""
+    if nproc == 1:
+        cmd = [sys.executable, "-m", module, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "-m", module, *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def torchx_cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m torchx.cli.main <args>`` in ``cwd`` with the tests' environment plus ``env``
+    (a process each time: TorchX's CLI keeps global argument state)."""
+    return subprocess.run([sys.executable, "-m", "torchx.cli.main", *args], cwd=cwd,
+                          env={**child_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def without(args: list[str], *options: str) -> list[str]:
+    """``args`` less the given options and their values."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """Per-step training loss from a run's metrics.jsonl."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records}
+
+
+def assert_close(actual: dict[int, float], expected: dict[int, float], rel: float = 1e-5) -> None:
+    """Same steps, and each loss within ``rel`` (relative) of the expected one."""
+    assert actual.keys() == expected.keys(), (sorted(actual), sorted(expected))
+    for step in expected:
+        diff = abs(actual[step] - expected[step]) / abs(expected[step])
+        assert diff <= rel, f"step {step}: {actual[step]} vs {expected[step]} (rel {diff:.2e})"
+
+
+def final_weights(run_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    """The model tensors of the run's newest checkpoint, gathered into plain tensors."""
+    out = tmp_path / f"{run_dir.name}.pt"
+    dcp_to_torch_save(find_checkpoints(run_dir / "checkpoints")[0], out)
+    state = torch.load(out, weights_only=False)["train"]["model"]
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
+
+
+def assert_same_run(faulted: Path, reference: Path, tmp_path: Path) -> None:
+    """A restarted run ended where the uninterrupted one did: losses and final weights within
+    1e-6 relative."""
+    ref_losses, got_losses = losses(reference), losses(faulted)
+    assert got_losses.keys() == ref_losses.keys()
+    for step, loss in ref_losses.items():
+        assert abs(got_losses[step] - loss) <= 1e-6 * abs(loss), (step, got_losses[step], loss)
+    ref_w, got_w = final_weights(reference, tmp_path), final_weights(faulted, tmp_path)
+    assert ref_w.keys() == got_w.keys()
+    for name, tensor in ref_w.items():
+        diff = (got_w[name] - tensor).abs().max() / tensor.abs().max().clamp_min(1e-12)
+        assert diff <= 1e-6, (name, float(diff))

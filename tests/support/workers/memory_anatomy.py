@@ -1,0 +1,75 @@
+"""Under torchrun: the measured anatomy of DDP or FSDP steps next to the prediction.
+
+``python -m torch.distributed.run --nproc_per_node 2 -m tests.support.workers.memory_anatomy
+ddp|zero2|zero3 MODEL`` measures one step for each of fp32 and bf16, with and without
+activation checkpointing, and rank 0 prints one JSON line per case and rank:
+{"case": ..., "measured": {...}, "predicted": {...}}. bf16 is autocast under DDP and FSDP's
+bf16 policy under zero2/zero3, as in the trainers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from bench.memory_probe import measure_step
+from trainers.core.distributed import DistEnv
+from trainers.core.loop import build_optimizer
+from trainers.core.model_spec import build_model, resolve_spec
+from trainers.parallel.checkpointing import apply_activation_checkpointing
+from trainers.parallel.ddp import DDPStrategy
+from trainers.parallel.fsdp import apply_fsdp
+from trainers.spec.config import parse_config
+from trainers.spec.memory import Layout, predict
+
+
+def measure_case(sharding: str, name: str, dtype: str, checkpointing: bool) -> dict:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    cfg = parse_config(["--model", name], "ddp", world_sizes=[world], check_paths=False)
+    torch.manual_seed(0)
+    spec = resolve_spec(name)
+    model = build_model(name)
+    shape = spec.shape
+    if checkpointing:
+        apply_activation_checkpointing(model, spec)
+    if sharding == "ddp":
+        model = DDPStrategy(model, DistEnv(rank, world, rank, torch.device("cpu"), "gloo")).model
+    else:
+        apply_fsdp(model, spec, init_device_mesh("cpu", (world,)), sharding == "zero3",
+                   bf16=dtype == "bf16", cpu_offload=False)
+    optimizer = build_optimizer(model, cfg)
+    batch, seq = 4, 64  # the shapes are the model's; a short sequence keeps it fast
+    inputs, targets = torch.randint(0, shape.vocab_size, (2, batch, seq),
+                                    generator=torch.Generator().manual_seed(rank))
+    for _ in range(3):  # the optimizer state exists after one, DDP's buckets after two
+        measured = measure_step(model, optimizer, inputs, targets, torch.autocast(
+            "cpu", dtype=torch.bfloat16, enabled=dtype == "bf16" and sharding == "ddp"))
+    predicted = predict(shape, batch, seq, dtype, checkpointing, Layout(sharding, dp=world))
+    return {"case": f"{sharding} {name} {dtype} ac={checkpointing}", "rank": rank,
+            "measured": dataclasses.asdict(measured), "predicted": dataclasses.asdict(predicted)}
+
+
+def main() -> None:
+    sharding, name = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    for dtype, checkpointing in itertools.product(("fp32", "bf16"), (False, True)):
+        records = [None] * dist.get_world_size()
+        dist.all_gather_object(records, measure_case(sharding, name, dtype, checkpointing))
+        if dist.get_rank() == 0:
+            print("\n".join(json.dumps(r) for r in records), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    # Skip interpreter finalization: gloo's worker threads may still release tensors there,
+    # which aborts the process now and then ("terminate called without an active exception").
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
