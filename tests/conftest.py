@@ -11,14 +11,13 @@ Each test's tier is the folder it lives in, given to it as a marker of that name
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.support.runs import TINY, losses, run_trainer
 
-pytest_plugins = ["pytester", "tests.support.slurm"]
+pytest_plugins = ["pytester", "tests.support.slurm", "tests.support.ci_strict"]
 
 TIERS = ("unit", "integration", "system")
 TESTS = Path(__file__).resolve().parent
@@ -50,15 +49,3 @@ def world_of_one():
 
     with init_distributed(parse_config(["--device", "cpu"], "ddp")) as env:
         yield env
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Under CI=true a skipped test fails: in CI a missing service must not pass silently."""
-    outcome = yield
-    report = outcome.get_result()
-    if report.skipped and not hasattr(report, "wasxfail") \
-            and os.environ.get("CI", "").lower() == "true":
-        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
-        report.outcome = "failed"
-        report.longrepr = f"skipped under CI=true, which requires every test to run: {reason}"
