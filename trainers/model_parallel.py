@@ -19,7 +19,7 @@ from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.ddp import DDPStrategy
-from trainers.parallel.spread import SpreadModel, parse_devices
+from trainers.parallel.spread import parse_devices, spread_over
 from trainers.spec.config import TrainConfig
 
 
@@ -28,9 +28,9 @@ def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
     spec = spec_of(cfg)
     model = spec.meta_model()
     apply_block_options(model, spec, cfg)
-    spread = SpreadModel(model, spec, parse_devices(cfg.devices))
+    spread_over(model, spec, parse_devices(cfg.devices))
     materialize(model, None, cfg.seed, spec)
-    return DDPStrategy(spread, env)
+    return DDPStrategy(model, env)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -16,6 +16,7 @@ from tests.support.runs import TINY, run_trainer
 from trainers import export, sample
 from trainers.core.run_model import load_run_model, pick_checkpoint
 from trainers.spec.checkpoint_files import MANIFEST, find_checkpoints
+from trainers.spec.registry import TRAINERS
 
 PROMPT = "héllo wörld ✓ 🙂"
 
@@ -152,26 +153,55 @@ def test_export_computes_our_logits_in_transformers(request, tmp_path, monkeypat
     assert tokenizer.decode(list(PROMPT.encode())) == PROMPT
 
 
-@pytest.mark.slow
-def test_sampling_a_two_rank_fsdp_checkpoint(tmp_path, capsys):
-    """The shards of a 2-rank FSDP checkpoint join into the one-process model: its weights are
-    the one-process run's (the same training, to rounding) and sampling is its greedy
-    decoding."""
-    args = [*TINY, "--steps", "4"]
-    run_trainer([*args, "--output-dir", str(tmp_path / "fsdp")], nproc=2, module="trainers.fsdp")
-    run_trainer([*args, "--output-dir", str(tmp_path / "one")])
-    (sharded, config), (whole, _) = (load_run_model(tmp_path / r) for r in ("fsdp", "one"))
-    assert json.loads((pick_checkpoint(tmp_path / "fsdp") / MANIFEST).read_text())[
-        "world_size"] == 2
+# One short run of each trainer (the table of trainers: tests/unit/test_layers.py holds it to
+# that), with the tiny run's settings: (processes, the trainer's own options).
+TRAINER_RUNS: dict[str, tuple[int, list[str]]] = {
+    "ddp": (2, []), "fsdp": (2, []), "tensor_parallel": (2, ["--tp", "2"]),
+    "pipeline": (2, ["--pp", "2"]), "model_parallel": (1, ["--devices", "cpu,cpu"]),
+}
+
+
+@pytest.fixture(scope="module")
+def trainer_runs(tmp_path_factory) -> dict[str, Path]:
+    """A run of every trainer, 4 steps as the tiny run, its checkpoint written at the end."""
+    runs = {}
+    for trainer, (nproc, options) in TRAINER_RUNS.items():
+        runs[trainer] = tmp_path_factory.mktemp(trainer)
+        run_trainer([*TINY, "--steps", "4", *options, "--output-dir", str(runs[trainer])],
+                    nproc=nproc, module=f"trainers.{trainer}")
+    return runs
+
+
+def test_the_table_covers_every_trainer():
+    assert TRAINER_RUNS.keys() == TRAINERS.keys()
+
+
+@pytest.mark.parametrize("trainer", TRAINER_RUNS)
+def test_every_trainers_checkpoint_samples_and_exports(trainer_runs, tiny_run, tmp_path, capsys,
+                                                       monkeypatch, trainer):
+    """Sharded, stage-split or spread, a run's checkpoint joins into the one-process model: its
+    weights are the one-process run's (the same training, to rounding), sampling is its greedy
+    decoding, and the export computes its logits in transformers."""
+    transformers = pytest.importorskip("transformers")
+    run = trainer_runs[trainer]
+    (model, _), (whole, _) = load_run_model(run), load_run_model(tiny_run)
+    nproc = TRAINER_RUNS[trainer][0]
+    assert json.loads((pick_checkpoint(run) / MANIFEST).read_text())["world_size"] == nproc
     # Adam turns rounding differences into update differences of ~1e-5 relative; a shard
     # placed wrongly would differ by O(1).
-    for (name, a), b in zip(sharded.state_dict().items(), whole.state_dict().values(),
+    for (name, a), b in zip(model.state_dict().items(), whole.state_dict().values(),
                             strict=True):
         assert ((a - b).norm() / b.norm()).item() <= 1e-4, name
-    text = _sample(capsys, str(tmp_path / "fsdp"), "--prompt", PROMPT, "--tokens", "10",
-                   "--temperature", "0")
-    ids = _greedy(sharded, list(PROMPT.encode()), 10)
+    text = _sample(capsys, str(run), "--prompt", PROMPT, "--tokens", "10", "--temperature", "0")
+    ids = _greedy(model, list(PROMPT.encode()), 10)
     assert text == bytes(ids).decode("utf-8", errors="replace")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    export.main([str(run), str(tmp_path / "hf")])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.tensor([ids])
+    with torch.no_grad():
+        expected, actual = model(tokens), hf(tokens).logits
+    assert ((actual - expected).norm() / expected.norm()).item() <= 1e-5
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -18,41 +18,36 @@ def _move_inputs(device: torch.device) -> Callable:
     return hook
 
 
-class SpreadModel(nn.Module):
-    """``model`` (on the meta device) with its blocks allocated on ``devices`` in contiguous
-    groups, its ``first`` modules on the first device and its ``last`` ones with the last
-    block, except a module holding a weight shared with one elsewhere (a tied head), which
-    runs where that weight lives. Same parameters, names and outputs (logits on the first
-    device). The parameters are allocated, not yet initialized
-    (:func:`trainers.core.materialize.materialize` with no device fills them in place)."""
+def spread_over(model: nn.Module, spec: ModelSpec, devices: Sequence[torch.device]) -> None:
+    """Allocate ``model`` (on the meta device) in place with its blocks on ``devices`` in
+    contiguous groups, its ``first`` modules on the first device and its ``last`` ones with the
+    last block, except a module holding a weight shared with one elsewhere (a tied head), which
+    runs where that weight lives. Each placed module moves its inputs to its device, and the
+    model returns its logits on the first device. The model keeps its own parameter names (so a
+    checkpoint's keys are those of every other trainer); the parameters are allocated, not yet
+    initialized (:func:`trainers.core.materialize.materialize` with no device fills them in
+    place)."""
+    blocks = [block for _, block in spec.named_blocks(model)]
+    per_device = -(-len(blocks) // len(devices))  # ceil
+    placement = {id(b): devices[i // per_device] for i, b in enumerate(blocks)}
+    owners = {alias.rpartition(".")[0]: target.rpartition(".")[0]
+              for alias, target in spec.shared_parameters.items()}
+    places = {name: devices[0] for name in spec.first}
+    places.update({name: placement[id(blocks[-1])] for name in spec.last})
+    for name in spec.last:
+        if name in owners:
+            places[name] = places.get(owners[name], devices[0])
+    for block in blocks:
+        _place(block, placement[id(block)])
+    for name, device in places.items():
+        _place(model.get_submodule(name), device)
+    model.register_forward_pre_hook(_move_inputs(devices[0]))
+    model.register_forward_hook(lambda module, args, out: out.to(devices[0]))
 
-    def __init__(self, model: nn.Module, spec: ModelSpec, devices: Sequence[torch.device]
-                 ) -> None:
-        super().__init__()
-        blocks = [block for _, block in spec.named_blocks(model)]
-        per_device = -(-len(blocks) // len(devices))  # ceil
-        placement = {id(b): devices[i // per_device] for i, b in enumerate(blocks)}
-        owners = {alias.rpartition(".")[0]: target.rpartition(".")[0]
-                  for alias, target in spec.shared_parameters.items()}
-        places = {name: devices[0] for name in spec.first}
-        places.update({name: placement[id(blocks[-1])] for name in spec.last})
-        for name in spec.last:
-            if name in owners:
-                places[name] = places.get(owners[name], devices[0])
-        for block in blocks:
-            self._place(block, placement[id(block)])
-        for name, device in places.items():
-            self._place(model.get_submodule(name), device)
-        self.input_device = devices[0]
-        self.model = model
 
-    @staticmethod
-    def _place(module: nn.Module, device: torch.device) -> None:
-        module.to_empty(device=device)
-        module.register_forward_pre_hook(_move_inputs(device))
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model(tokens.to(self.input_device)).to(self.input_device)
+def _place(module: nn.Module, device: torch.device) -> None:
+    module.to_empty(device=device)
+    module.register_forward_pre_hook(_move_inputs(device))
 
 
 def parse_devices(spec: str) -> list[torch.device]:
