@@ -20,7 +20,7 @@ from trainers.spec.config import TrainConfig
 from trainers.spec.errors import ConfigError
 from trainers.spec.memory import Anatomy, Layout, block_activation_bytes, precision, predict
 from trainers.spec.models import model_shape
-from trainers.spec.registry import TRAINERS
+from trainers.spec.registry import TRAINERS, tensor_parallel_sizes
 from trainers.spec.shapes import ModelConfig
 
 GIB = 2**30
@@ -56,12 +56,8 @@ class Candidate:
     def flags(self) -> str:
         """The trainer flags that select this configuration."""
         flags = [f"{TRAINERS[self.trainer].accumulate_flag} {self.grad_accum}"]
-        if self.layout.tp > 1:
-            flags.append(f"--tp {self.layout.tp}")
-        if self.layout.pp > 1:
-            flags.append(f"--pp {self.layout.pp}")
-        if self.layout.sharding == "zero2":
-            flags.append("--reshard-after-forward false")
+        flags += [f"--{name.replace('_', '-')} {value}"
+                  for name, value in layout_options(self.layout).items()]
         if self.checkpointing:
             flags.append("--activation-checkpointing")
         return " ".join(flags)
@@ -86,6 +82,19 @@ def _candidate(trainer: str, layout: Layout, shape: ModelConfig, seq: int, dtype
                                 layout, in_flight, device))
 
 
+def layout_options(layout: Layout) -> dict[str, str]:
+    """The trainer options (TrainConfig field: value) that select ``layout``, beyond the
+    accumulation; a trainer can run the layout only if it serves all of them."""
+    options = {}
+    if layout.tp > 1:
+        options["tp"] = str(layout.tp)
+    if layout.pp > 1:
+        options["pp"] = str(layout.pp)
+    if layout.sharding == "zero2":
+        options["reshard_after_forward"] = "false"
+    return options
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -101,7 +110,8 @@ def candidates(shape: ModelConfig, seq: int, global_batch: int, devices_per_node
     for sharding in ("zero2", "zero3"):
         for checkpointing in (False, True):
             steps.append(("fsdp", sharding, 1, 1, checkpointing))
-    tps = [t for t in _divisors(devices_per_node) if t > 1 and shape.n_heads % t == 0]
+    tps = [t for t in _divisors(devices_per_node)
+           if t > 1 and all(size % t == 0 for _, size in tensor_parallel_sizes(shape))]
     for tp in tps:
         steps.append(("tensor_parallel", "zero3", tp, 1, True))
     pps = [p for p in _divisors(nodes) if p > 1 and shape.n_layers % p == 0]
@@ -117,6 +127,8 @@ def candidates(shape: ModelConfig, seq: int, global_batch: int, devices_per_node
             accum = per_replica // micro
             layout = Layout(sharding if dp > 1 or sharding == "ddp" else "ddp", dp=dp, tp=tp,
                             pp=pp)
+            if not TRAINERS[trainer].options >= layout_options(layout).keys():
+                continue  # the trainer does not serve this layout (e.g. pipeline with --tp)
             if trainer == "pipeline":
                 # 1F1B: the first stage holds up to pp micro-batches of size micro/accum.
                 if accum < pp:

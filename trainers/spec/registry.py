@@ -113,6 +113,12 @@ def _model_parallel_split(cfg: TrainConfig, world: int) -> Split:
     return Split(Layout("ddp", dp=dp, pp=pp), cfg.micro_batch(dp), cfg.grad_accum)
 
 
+def tensor_parallel_sizes(shape: ModelConfig) -> tuple[tuple[str, int], ...]:
+    """The sizes a tensor-parallel degree must divide: query and key/value heads, width."""
+    return (("heads", shape.n_heads), ("key/value heads", shape.kv_heads),
+            ("hidden size", shape.d_model))
+
+
 def check_tensor_parallel(cfg: TrainConfig, world: int, shape: ModelConfig | None) -> None:
     """A model with a tensor-parallel plan and a degree (>= 1, checked for every trainer)
     that splits its query and key/value heads and its width."""
@@ -123,8 +129,7 @@ def check_tensor_parallel(cfg: TrainConfig, world: int, shape: ModelConfig | Non
     if not shape.tensor_parallel:
         raise ConfigError(f"--model {cfg.model} has no tensor-parallel plan; pass --tp 1 (e.g. "
                           "trainers.fsdp) or give its ModelSpec a tp_plan")
-    for what, size in (("heads", shape.n_heads), ("key/value heads", shape.kv_heads),
-                       ("hidden size", shape.d_model)):
+    for what, size in tensor_parallel_sizes(shape):
         if size % cfg.tp:
             raise ConfigError(f"--tp {cfg.tp} does not divide the {cfg.model} model's {what} "
                               f"({size}); pass a --tp that divides {size}")

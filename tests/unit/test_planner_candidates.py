@@ -1,0 +1,34 @@
+"""Every configuration the planner can recommend is one its trainer serves: the flags it
+prints parse and validate with that trainer's own parser at the job's world size."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from trainers.spec.config import parse_config
+from trainers.spec.planner import candidates
+from trainers.spec.shapes import MODEL_SIZES
+
+# (devices per node, nodes): one GPU, one node, and several nodes of 2, 4 and 8.
+CLUSTERS = [(1, 1), (8, 1), (2, 2), (4, 2), (8, 4)]
+
+
+@pytest.mark.parametrize("model", sorted(MODEL_SIZES))
+def test_every_candidate_is_accepted_by_its_trainers_parser(model):
+    shape = MODEL_SIZES[model]
+    seq = min(256, shape.max_seq_len)
+    seen = set()
+    for (per_node, nodes), batch in itertools.product(CLUSTERS, (32, 64)):
+        world = per_node * nodes
+        for candidate in candidates(shape, seq, batch, per_node, nodes, "bf16", "cuda"):
+            argv = ["--model", model, "--batch-size", str(batch), "--seq-len", str(seq),
+                    *candidate.flags().split()]
+            try:
+                parse_config(argv, candidate.trainer, [world], check_paths=False)
+            except Exception as err:
+                pytest.fail(f"{candidate.describe()} at {nodes}x{per_node}: trainers."
+                            f"{candidate.trainer} {' '.join(argv)} is refused: {err}")
+            seen.add((candidate.trainer, candidate.layout.tp > 1, candidate.layout.pp > 1))
+    assert {trainer for trainer, _, _ in seen} >= {"ddp", "fsdp", "tensor_parallel"}
