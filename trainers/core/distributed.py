@@ -9,6 +9,7 @@ itself (Ray Train), the trainer joins that group and leaves it to the launcher.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -139,7 +140,7 @@ def init_distributed(cfg: TrainConfig, device: torch.device | None = None) -> It
     try:
         yield DistEnv(rank, world_size, local_rank, device, backend, tf32)
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def _existing_group(cfg: TrainConfig, device: torch.device, local_rank: int) -> DistEnv:
@@ -153,3 +154,14 @@ def _existing_group(cfg: TrainConfig, device: torch.device, local_rank: int) -> 
         raise ConfigError(f"the launcher's process group uses nccl, but this rank's device is "
                           f"{device}; give the workers GPUs or pass --device auto")
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+
+
+def leave_process_group() -> None:
+    """Destroy the process groups once nothing holds their work. Models, optimizers and FSDP
+    state in reference cycles keep gloo's pending work objects (and their tensors) alive until
+    the garbage collector runs; collected at interpreter exit, gloo's threads release those
+    tensors without a live interpreter and the process aborts ("terminate called without an
+    active exception"). Collecting first releases them while the group and the interpreter
+    are alive."""
+    gc.collect()
+    dist.destroy_process_group()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import sys
 
 import torch
@@ -20,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from bench.memory_probe import measure_step
-from trainers.core.distributed import DistEnv
+from trainers.core.distributed import DistEnv, leave_process_group
 from trainers.core.loop import build_optimizer
 from trainers.core.model_spec import build_model, resolve_spec
 from trainers.parallel.checkpointing import apply_activation_checkpointing
@@ -65,10 +64,7 @@ def main() -> None:
         if dist.get_rank() == 0:
             print("\n".join(json.dumps(r) for r in records), flush=True)
     dist.barrier()
-    dist.destroy_process_group()
-    # Skip interpreter finalization: gloo's worker threads may still release tensors there,
-    # which aborts the process now and then ("terminate called without an active exception").
-    os._exit(0)
+    leave_process_group()
 
 
 if __name__ == "__main__":
