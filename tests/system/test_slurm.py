@@ -4,8 +4,8 @@ cancel, a failing job, requeue with resume, preemption and time limits (``signal
 the bad options refused before submission.
 
 The cluster is the one ``.ci/slurm-up`` starts (partition ``debug``, nodes tt-node1 and
-tt-node2). Without it the cluster tests skip (in CI a skip fails); the option parsing and
-rendering tests run anywhere.
+tt-node2). Without it the cluster tests skip (in CI a skip fails). The scheduler's in-process
+logic (time limits, states, logs, snapshots) is tests/unit/test_slurm_scheduler.py.
 """
 
 from __future__ import annotations
