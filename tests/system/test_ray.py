@@ -1,17 +1,18 @@
 """The trainers under Ray Train (``trainers.ray_train``) on a real local Ray cluster.
 
-A head node is started on loopback with 2 CPUs for this module (``ray start --head --block``,
-stopped after); fsdp with 2 workers must give the per-step losses of the same config under
-torchrun, a worker killed mid-run must be restarted by Ray and end where the uninterrupted run
-does, so must a run whose node is drained for preemption (on a cluster of its own), and bad
-input must stop the launcher with one line before anything waits. Without Ray installed these
-tests skip (and so fail under CI=true).
+One cluster serves the session (``ray_cluster``): on loopback, a head without CPUs and two
+worker nodes of 2 CPUs each (``ray start --block``), started one at a time before anything here
+trains and stopped at the end. fsdp with 2 workers must give the per-step losses of the same
+config under torchrun, a worker killed mid-run must be restarted by Ray and end where the
+uninterrupted run does, so must a run whose node is drained for preemption (the drained node
+is replaced afterwards), and bad input must stop the launcher with one line before anything
+waits. Without Ray installed these tests skip (and so fail under CI=true).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
+import re
 import secrets
 import shutil
 import signal
@@ -22,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -38,10 +39,26 @@ from tests.support.runs import (
 )
 from tests.unit.test_ray_launcher import ARGS
 
+# How long a starting Ray node may take to register with the GCS. What it waits for (Ray 2.60):
+# `ray start` launches the node's raylet, which starts two Python agents (dashboard agent,
+# runtime-env agent) and waits for the port files they write once they have imported and bound
+# (NodeManager::WaitForDashboardAgentPorts and ::WaitForRuntimeEnvAgentPort; about 15 s, fixed,
+# after which the raylet aborts with "Timed out waiting for file .../metrics_agent_port_...")
+# before it registers. Meanwhile `ray start` asks the GCS for the node (ray/_private/node.py,
+# the loop after `raylet_start_wait_time_s = 30`) with ray._private.services.get_node, which
+# blocks in the C++ GlobalStateAccessor::GetNode for up to RayConfig raylet_start_wait_time_s
+# (read by every Ray process from RAY_raylet_start_wait_time_s; 30 s unset); node.py checks its
+# own fixed 30 s only when such a call comes back empty. The agents' imports are what a loaded
+# 2-core machine slows down, so here no node starts while this module trains, nodes start one
+# at a time, and the GCS wait is raised for every Ray process these tests start (nodes, and
+# launchers: their local cluster and their driver's join wait on it too).
+REGISTRATION_WAIT_S = 120
+
 # Ray 2.60 turns on token authentication for new local clusters and otherwise keeps the token in
 # ~/.ray/auth_token, shared by every cluster of this user: the tests' clusters and launchers get
 # a token of their own through the environment instead.
-RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "RAY_raylet_start_wait_time_s": str(REGISTRATION_WAIT_S)}
 
 
 def _needs_ray() -> None:
@@ -65,31 +82,40 @@ NODE_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
 
 class RayNode:
-    """One ``ray start --block`` node on 127.0.0.1 (a head, or a worker joining ``address``),
-    launched when constructed, up once :meth:`started` returns, stopped by :meth:`stop`."""
+    """One ``ray start --block`` node on 127.0.0.1 named ``name`` (a head, or a worker joining
+    an ``--address``), launched when constructed, up once :meth:`started` returns, stopped by
+    :meth:`stop`."""
 
-    def __init__(self, *options: str) -> None:
+    def __init__(self, name: str, *options: str) -> None:
         ray_cli = Path(sys.executable).parent / "ray"
+        self.name = name
         self.proc = subprocess.Popen(
             [str(ray_cli), "start", "--block", "--node-ip-address=127.0.0.1", "--num-gpus=0",
-             "--disable-usage-stats", "--object-store-memory=100000000", *options],
+             "--disable-usage-stats", "--object-store-memory=100000000", f"--node-name={name}",
+             *options],
             cwd=REPO, env={**child_env(), **RAY_ENV, **NODE_ENV},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.output: list[str] = []
+        self.up = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
 
-    def started(self) -> None:
-        """Wait until the node says it is up (2 minutes at most); raise with its output if not."""
-        output: list[str] = []
-        deadline = time.monotonic() + 120
+    def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            output.append(line)
-            if "Ray runtime started" in line or time.monotonic() > deadline:
-                break
-        if self.proc.poll() is not None or "Ray runtime started" not in "".join(output):
-            self.proc.kill()
-            raise AssertionError("ray start failed:\n" + "".join(output[-40:]))
-        threading.Thread(target=lambda: [output.append(x) for x in self.proc.stdout],
-                         daemon=True).start()
+            self.output.append(line)
+            if "Ray runtime started" in line:  # printed once the GCS lists the node
+                self.up.set()
+
+    def started(self, temp: Path) -> None:
+        """Wait until the node says it is up, for up to the registration wait and a minute
+        more; if it does not, kill it and raise with its output and its raylets' errors (from
+        the logs under ``temp``)."""
+        deadline = time.monotonic() + REGISTRATION_WAIT_S + 60
+        while not self.up.wait(timeout=1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()  # its reaper stops the processes it started
+                raise AssertionError(f"ray start of {self.name} failed:\n"
+                                     + "".join(self.output[-40:]) + _raylet_errors(temp))
 
     def stop(self) -> None:
         """Ask the node to stop its processes and exit. SIGTERM runs the handler Ray installs
@@ -106,36 +132,105 @@ class RayNode:
             self.proc.wait()
 
 
-@contextlib.contextmanager
-def ray_cluster(head_cpus: int, worker_cpus: tuple[int, ...] = ()) -> Iterator[str]:
-    """A Ray cluster on 127.0.0.1: a head with ``head_cpus`` CPUs and a worker node per entry
-    of ``worker_cpus``; its address."""
-    _needs_ray()
-    port = _free_port()
-    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths
-    nodes = [RayNode("--head", f"--port={port}", f"--num-cpus={head_cpus}",
-                     "--include-dashboard=false", f"--temp-dir={temp}")]
-    try:
-        nodes[0].started()
-        # One node at a time: `ray start` gives a raylet a fixed 30 s to register with the head,
-        # which two nodes starting side by side on a loaded 2-core machine overran in CI.
-        for cpus in worker_cpus:
-            nodes.append(RayNode(f"--address=127.0.0.1:{port}", f"--num-cpus={cpus}"))
-            nodes[-1].started()
-        yield f"127.0.0.1:{port}"
-    finally:
-        for node in reversed(nodes):
+def _raylet_errors(temp: Path) -> str:
+    """The last error and fatal lines of the raylets' logs under ``temp``."""
+    lines = [line for log in sorted(temp.glob("session_*/logs/raylet*.out"))
+             for line in log.read_text(errors="replace").splitlines()
+             if re.match(r"\[\S+ \S+ [EC] ", line)]
+    return "\nraylet errors:\n" + "\n".join(lines[-10:]) if lines else ""
+
+
+# The session cluster's worker nodes and their CPUs: a 2-worker job fits on one node, and
+# another node is left to move it to when that one is drained.
+WORKER_NODES, WORKER_CPUS = 2, 2
+
+
+class RayCluster:
+    """The session's Ray cluster on 127.0.0.1: a head with no CPUs (no worker runs there, so
+    it is never drained) and WORKER_NODES worker nodes of WORKER_CPUS CPUs, each node started
+    once the one before is up (their raylets' agents would compete for the CPUs otherwise)."""
+
+    def __init__(self) -> None:
+        self.address = f"127.0.0.1:{_free_port()}"
+        self.temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # short: socket paths
+        self.nodes: dict[str, RayNode] = {}
+        self.workers_started = 0
+
+    def start(self) -> None:
+        self._start("head", "--head", f"--port={self.address.split(':')[1]}", "--num-cpus=0",
+                    "--include-dashboard=false", f"--temp-dir={self.temp}")
+        self.restore()
+
+    def _start(self, name: str, *options: str) -> None:
+        self.nodes[name] = RayNode(name, *options)
+        self.nodes[name].started(self.temp)
+
+    def table(self, wait: bool) -> list[dict]:
+        """The cluster's nodes as the GCS lists them (name, alive, draining, CPUs); with
+        ``wait``, once exactly this cluster's nodes are alive and none is draining (2 minutes
+        at most)."""
+        script = f"""
+import json, time, ray
+ray.init(address={self.address!r}, logging_level="ERROR")
+deadline = time.monotonic() + 120
+while True:
+    draining = ray._private.state.state.get_draining_nodes()
+    table = [{{"name": n["NodeName"], "alive": n["Alive"], "draining": n["NodeID"] in draining,
+               "cpus": n["Resources"].get("CPU", 0)}} for n in ray.nodes()]
+    ready = sorted(n["name"] for n in table if n["alive"] and not n["draining"])
+    if not {wait} or ready == {sorted(self.nodes)!r} or time.monotonic() > deadline:
+        break
+    time.sleep(0.5)
+print(json.dumps(table))
+"""
+        proc = subprocess.run([sys.executable, "-c", script], cwd=REPO,
+                              env={**child_env(), **RAY_ENV}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    def restore(self) -> None:
+        """Stop the worker nodes that are gone or draining, start new ones until there are
+        WORKER_NODES, and wait until the GCS lists exactly these nodes, alive and not
+        draining. Call it only while nothing of this module trains."""
+        if self.workers_started:
+            healthy = {n["name"] for n in self.table(wait=False)
+                       if n["alive"] and not n["draining"]}
+            for name in [n for n in self.nodes if n != "head" and n not in healthy]:
+                self.nodes[name].stop()
+                self.nodes.pop(name).wait()
+        while len(self.nodes) < 1 + WORKER_NODES:
+            self.workers_started += 1
+            self._start(f"worker-{self.workers_started}", f"--address={self.address}",
+                        f"--num-cpus={WORKER_CPUS}")
+        table = self.table(wait=True)
+        alive = sorted((n["name"], n["cpus"]) for n in table if n["alive"] and not n["draining"])
+        assert alive == sorted((name, 0 if name == "head" else WORKER_CPUS)
+                               for name in self.nodes), table
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes.values()):
             node.stop()
-        for node in nodes:
+        for node in self.nodes.values():
             node.wait()
-        shutil.rmtree(temp, ignore_errors=True)
+        shutil.rmtree(self.temp, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    """A Ray head node on 127.0.0.1 with 2 CPUs and no GPU, for this module; its address."""
-    with ray_cluster(2) as address:
-        yield address
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    """The session's Ray cluster (:class:`RayCluster`), up before anything here trains."""
+    _needs_ray()
+    cluster = RayCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def ray_address(ray_cluster) -> str:
+    return ray_cluster.address
 
 
 def run_ray(launcher: list[str], trainer: list[str], extra_env: dict[str, str] | None = None,
@@ -165,33 +260,56 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], returncode: int = 2)
     return errors[0]
 
 
-@pytest.fixture(scope="module")
-def torchrun_runs(tmp_path_factory, ray_address) -> Iterator[dict[str, Path]]:
-    """Run directories of ARGS under torchrun on 2 ranks, one per strategy of STRATEGY_ARGS,
-    trained one after another in the background from the moment this is set up; reading one
-    waits for it. The Ray head starts first: `ray start` gives its raylet a fixed 30 s to
-    register, which training beside it on 2 cores could overrun."""
+# Trainer options per strategy beyond ARGS.
+STRATEGY_ARGS: dict[str, list[str]] = {"ddp": [], "fsdp": []}
 
-    def train(strategy: str, run_dir: Path) -> Path:
-        run_trainer([*ARGS, *STRATEGY_ARGS[strategy], "--output-dir", str(run_dir)], nproc=2,
-                    module=f"trainers.{strategy}")
+# The drain test's run: no periodic checkpoints (the one the workers save on the notice is the
+# only one), and long enough that Ray's preemption watcher (polling every second there) sees the
+# drain while the run is still going: drained from step 5 on, a run here saw it at step 25 (the
+# `ray drain-node` process starting takes most of that), 75 steps before the end.
+DRAIN_ARGS = [*without(ARGS, "--steps", "--checkpoint-every", "--log-every"), "--steps", "100",
+              "--checkpoint-every", "0", "--log-every", "50"]
+
+# The uninterrupted torchrun runs (2 ranks) the Ray runs are compared with: trainer module and
+# arguments, in the order the tests below read them.
+REFERENCES: dict[str, tuple[str, list[str]]] = {
+    "fsdp": ("trainers.fsdp", [*ARGS, *STRATEGY_ARGS["fsdp"]]),
+    "ddp": ("trainers.ddp", [*ARGS, *STRATEGY_ARGS["ddp"]]),
+    "drain": ("trainers.ddp", DRAIN_ARGS),
+}
+
+# The reference runs of this session once they are under way (see torchrun_runs).
+_references: list[Future] = []
+
+
+def _no_reference_training() -> None:
+    """Wait until no reference run trains: a Ray node must not start beside one."""
+    for run in _references:
+        run.exception()
+
+
+@pytest.fixture(scope="module")
+def torchrun_runs(tmp_path_factory, ray_cluster) -> Iterator[dict[str, Path]]:
+    """Run directories of the REFERENCES, trained one after another in the background from the
+    moment this is set up; reading one waits for it. The session's Ray cluster is up before
+    (see REGISTRATION_WAIT_S)."""
+
+    def train(name: str, run_dir: Path) -> Path:
+        module, args = REFERENCES[name]
+        run_trainer([*args, "--output-dir", str(run_dir)], nproc=2, module=module)
         return run_dir
 
     with ThreadPoolExecutor(1) as pool:
-        runs = {strategy: pool.submit(train, strategy,
-                                      tmp_path_factory.mktemp(f"torchrun-{strategy}"))
-                for strategy in STRATEGY_ARGS}
+        runs = {name: pool.submit(train, name, tmp_path_factory.mktemp(f"torchrun-{name}"))
+                for name in REFERENCES}
+        _references.extend(runs.values())
 
         class Runs(dict):
-            def __missing__(self, strategy: str) -> Path:
-                self[strategy] = runs[strategy].result()
-                return self[strategy]
+            def __missing__(self, name: str) -> Path:
+                self[name] = runs[name].result()
+                return self[name]
 
         yield Runs()
-
-
-# Trainer options per strategy beyond ARGS.
-STRATEGY_ARGS: dict[str, list[str]] = {"ddp": [], "fsdp": []}
 
 
 @pytest.mark.slow
@@ -230,54 +348,78 @@ def test_killed_worker_is_restarted_by_ray_and_resumes(tmp_path, torchrun_runs, 
     assert_same_run(run_dir, torchrun_runs["ddp"], tmp_path)
 
 
-# Long enough that Ray's preemption watcher (polling every second here) sees the drain while
-# the run is still going.
-DRAIN_ARGS = [*without(ARGS, "--steps", "--checkpoint-every", "--log-every"), "--steps", "100",
-              "--checkpoint-every", "0", "--log-every", "50"]
+def _worker_node_finder(address: str) -> subprocess.Popen[str]:
+    """A process that prints the id of the Ray node running one of the job's worker actors
+    once there is one (4 minutes at most), started before the job so that its ``ray.init``
+    is over by the time the job trains."""
+    script = f"""
+import time, ray
+ray.init(address={address!r}, logging_level="ERROR")
+deadline = time.monotonic() + 240
+while time.monotonic() < deadline:
+    nodes = [a["Address"]["NodeID"] for a in ray._private.state.actors().values()
+             if a["State"] == "ALIVE" and "RayTrainWorker" in a["ActorClassName"]]
+    if nodes:
+        print(nodes[0])
+        break
+    time.sleep(0.2)
+"""
+    return subprocess.Popen([sys.executable, "-c", script], cwd=REPO,
+                            env={**child_env(), **RAY_ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
-def _node_of_a_worker(address: str) -> str:
-    """The id of a Ray node running one of the job's worker actors."""
-    script = (f"import ray; ray.init(address={address!r}, logging_level='ERROR'); "
-              "print(next(a['Address']['NodeID'] for a in ray._private.state.actors().values() "
-              "if a['State'] == 'ALIVE' and 'RayTrainWorker' in a['ActorClassName']))")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**child_env(), **RAY_ENV},
-                          capture_output=True, text=True, timeout=120, check=True)
-    return proc.stdout.split()[-1]
+@pytest.fixture
+def drainable_cluster(ray_cluster) -> Iterator[RayCluster]:
+    """The session's cluster for a test that drains a node; afterwards (once no reference run
+    trains) the drained node is replaced by a new one, so the tests after it, in any order,
+    find the cluster as it started."""
+    yield ray_cluster
+    _no_reference_training()
+    ray_cluster.restore()
 
 
 @pytest.mark.slow
-def test_drained_node_saves_the_agreed_step_and_ray_resumes_it_elsewhere(tmp_path):
+def test_drained_node_saves_the_agreed_step_and_ray_resumes_it_elsewhere(
+        tmp_path, torchrun_runs, drainable_cluster):
     """Ray's preemption notice (the node hosting the workers is drained, as KubeRay's autoscaler
     does for a reclaimed spot node; 5 s deadline): both workers save the step they agree on
     and wait; at the deadline Ray restarts the group on the other node, charged to its
     preemption budget (so without --max-failures), and the run resumes there with no step
     lost, ending where the uninterrupted run does."""
-    reference = tmp_path / "torchrun"
+    reference = torchrun_runs["drain"]
+    _no_reference_training()  # nothing trains beside the run, whose timing matters here
+    address = drainable_cluster.address
     run_dir = tmp_path / "ray"
     env = {**child_env(), **RAY_ENV, "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
-    # The uninterrupted run trains before the cluster starts, not beside it: a Ray node that
-    # cannot register within `ray start`'s fixed 30 s fails to start.
-    run_trainer([*DRAIN_ARGS, "--output-dir", str(reference)], nproc=2)
-    with ray_cluster(0, (2, 2)) as address:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trainers.ray_train", "--trainer", "ddp", "--workers", "2",
-             "--address", address, "--", *DRAIN_ARGS, "--output-dir", str(run_dir)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finder = _worker_node_finder(address)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainers.ray_train", "--trainer", "ddp", "--workers", "2",
+         "--address", address, "--", *DRAIN_ARGS, "--output-dir", str(run_dir)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        node, errors = finder.communicate(timeout=300)
+        assert node.strip(), f"no worker actor found: {errors[-4000:]}"
         metrics = run_dir / "metrics.jsonl"
         deadline = time.monotonic() + 240
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 10):
-            assert proc.poll() is None and time.monotonic() < deadline, "no step 10"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+            assert proc.poll() is None and time.monotonic() < deadline, "no step 5"
             time.sleep(0.2)
-        node = _node_of_a_worker(address)
         subprocess.run([str(Path(sys.executable).parent / "ray"), "drain-node", "--address",
-                        address, "--node-id", node, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
-                        "--reason-message", "spot instance reclaimed",
-                        "--deadline-remaining-seconds", "5"],
+                        address, "--node-id", node.strip(), "--reason",
+                        "DRAIN_NODE_REASON_PREEMPTION", "--reason-message",
+                        "spot instance reclaimed", "--deadline-remaining-seconds", "5"],
                        cwd=REPO, env=env, check=True, capture_output=True, timeout=60)
+        drained_at = len(metrics.read_text().splitlines())
         out, _ = proc.communicate(timeout=300)
+    finally:
+        for process in (finder, proc):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     assert proc.returncode == 0, out[-6000:]
     saved = int(out.split("preempted by SIGTERM after step ")[1].split(":")[0])
+    print(f"drained after step {drained_at}, saved step {saved} of 100")
     assert "interrupted by node preemption" in out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["resumed_from_step"], summary["preempted"]) == (saved, None)
@@ -302,13 +444,14 @@ def test_killed_worker_without_restarts_fails_in_one_line(tmp_path, ray_address)
 
 @pytest.mark.slow
 def test_more_workers_than_the_cluster_holds_are_refused_at_once(tmp_path, ray_address):
+    """The session's cluster (a head without CPUs, two nodes of 2) holds 4 workers of 1 CPU."""
     start = time.monotonic()
-    line = _one_line_error(run_ray(["--trainer", "ddp", "--workers", "3", "--address",
-                                    ray_address], [*ARGS, "--batch-size", "24",
+    line = _one_line_error(run_ray(["--trainer", "ddp", "--workers", "5", "--address",
+                                    ray_address], [*ARGS, "--batch-size", "20",
                                                    "--output-dir", str(tmp_path)], timeout=120))
     assert time.monotonic() - start < 60
-    assert "--workers 3 need 1 CPU each, but the Ray cluster (1 node, 2 CPUs, 0 GPUs) can " \
-           "place only 2; pass --workers 2 or fewer" in line
+    assert "--workers 5 need 1 CPU each, but the Ray cluster (3 nodes, 4 CPUs, 0 GPUs) can " \
+           "place only 4; pass --workers 4 or fewer" in line
     line = _one_line_error(run_ray(["--trainer", "ddp", "--workers", "2", "--gpus-per-worker",
                                     "1", "--address", ray_address],
                                    [*ARGS, "--output-dir", str(tmp_path)], timeout=120))
@@ -320,6 +463,7 @@ def test_local_cluster_is_started_and_checked_without_an_address(tmp_path):
     """Without --address the launcher starts its own cluster (1 CPU here), which cannot hold
     2 workers: refused in one line, and the cluster is gone afterwards."""
     _needs_ray()
+    _no_reference_training()  # the launcher's node registers as the session's did
     line = _one_line_error(run_ray(["--trainer", "fsdp", "--workers", "2", "--num-cpus", "1"],
                                    [*ARGS, "--output-dir", str(tmp_path)], timeout=120))
     assert "(1 node, 1 CPU, 0 GPUs) can place only 1" in line
