@@ -2,5 +2,5 @@
 
 Config and its parser, the table of trainers, model shapes, memory formulas and the planner,
 fault points, the checkpoint and token file formats, errors. Nothing here imports torch
-(tests/test_layers.py holds it to that).
+(tests/integration/test_layers.py holds it to that).
 """

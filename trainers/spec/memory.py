@@ -19,7 +19,7 @@ block's matmul weights and the activations inside its column/row-parallel region
 pipeline parallelism gives each stage ``1/pp`` of the blocks (the first stage also holds the
 embeddings, the last the final norm and head, a copy of the tied embedding). The formulas
 were derived from the tensors autograd saves and are checked against a live-tensor
-measurement in ``tests/test_memory.py``.
+measurement in ``tests/integration/test_memory.py``.
 """
 
 from __future__ import annotations
