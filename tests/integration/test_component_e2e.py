@@ -9,25 +9,18 @@ import sys
 
 import pytest
 
+from tests.support.component_runs import COMPONENTS
 from tests.support.runs import REPO, child_env, torchx_cli
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.mark.parametrize("component, j, extra", [
-    pytest.param("ddp", "1x2", [], marks=pytest.mark.torchx_main),
-    ("fsdp", "1x2", ["--reshard-after-forward", "false"]),
-    ("tensor_parallel", "1x4", ["--tp", "2", "--sequence-parallel"]),  # 2 x 2 mesh
-    ("pipeline", "1x2", ["--pp", "2", "--schedule", "interleaved1f1b", "--virtual-stages", "2"]),
-    ("model_parallel", "1x1", ["--devices", "cpu,cpu"]),
-])
-def test_component_on_local_cwd(tmp_path, component, j, extra):
-    run_dir = tmp_path / "run"
-    proc = torchx_cli("run", "-s", "local_cwd", f"components/{component}.py:{component}",
-                      "-j", j, "--", "--model", "tiny", "--steps", "40", "--batch-size", "16",
-                      "--eval-every", "20", "--output-dir", str(run_dir), *extra)
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_component_on_local_cwd(component_runs, component):
+    """The job succeeds on every rank of its -j, the loss and the eval loss fall, and the run
+    holds its last checkpoint, TensorBoard events and a metrics line per step."""
+    proc = component_runs.output(component)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "job finished: succeeded" in proc.stderr.lower()  # "Job" on 0.7.0, "job" on main
+    run_dir = component_runs[component]
+    j = COMPONENTS[component][0]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == int(j[0]) * int(j[-1])
     assert summary["first_loss"] > math.log(256) - 0.2
@@ -38,7 +31,6 @@ def test_component_on_local_cwd(tmp_path, component, j, extra):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 40
 
 
-@pytest.mark.torchx_main
 def test_component_with_bad_arguments_schedules_nothing(tmp_path):
     proc = torchx_cli("run", "-s", "local_cwd", "components/ddp.py:ddp", "-j", "1x2", "--",
                       "--batch-size", "15", "--output-dir", str(tmp_path / "run"), timeout=120)
@@ -49,6 +41,7 @@ def test_component_with_bad_arguments_schedules_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_hf_model_on_a_jsonl_directory_with_a_trained_tokenizer(tmp_path):
     """``hf:DIR`` + a directory of .jsonl files + a tokenizer.json trained on them, through
     ``torchx run -s local_cwd`` under fsdp; then sampling from the run decodes through it."""

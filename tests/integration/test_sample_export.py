@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support.component_runs import COMPONENTS
 from tests.support.runs import TINY, run_trainer
 from trainers import export, sample
 from trainers.core.run_model import load_run_model, pick_checkpoint
@@ -153,40 +154,22 @@ def test_export_computes_our_logits_in_transformers(request, tmp_path, monkeypat
     assert tokenizer.decode(list(PROMPT.encode())) == PROMPT
 
 
-# One short run of each trainer (the table of trainers: tests/unit/test_layers.py holds it to
-# that), with the tiny run's settings: (processes, the trainer's own options).
-TRAINER_RUNS: dict[str, tuple[int, list[str]]] = {
-    "ddp": (2, []), "fsdp": (2, []), "tensor_parallel": (2, ["--tp", "2"]),
-    "pipeline": (2, ["--pp", "2"]), "model_parallel": (1, ["--devices", "cpu,cpu"]),
-}
+def test_the_component_runs_cover_every_trainer():
+    assert COMPONENTS.keys() == TRAINERS.keys()
 
 
-@pytest.fixture(scope="module")
-def trainer_runs(tmp_path_factory) -> dict[str, Path]:
-    """A run of every trainer, 4 steps as the tiny run, its checkpoint written at the end."""
-    runs = {}
-    for trainer, (nproc, options) in TRAINER_RUNS.items():
-        runs[trainer] = tmp_path_factory.mktemp(trainer)
-        run_trainer([*TINY, "--steps", "4", *options, "--output-dir", str(runs[trainer])],
-                    nproc=nproc, module=f"trainers.{trainer}")
-    return runs
-
-
-def test_the_table_covers_every_trainer():
-    assert TRAINER_RUNS.keys() == TRAINERS.keys()
-
-
-@pytest.mark.parametrize("trainer", TRAINER_RUNS)
-def test_every_trainers_checkpoint_samples_and_exports(trainer_runs, tiny_run, tmp_path, capsys,
+@pytest.mark.parametrize("trainer", COMPONENTS)
+def test_every_trainers_checkpoint_samples_and_exports(component_runs, tmp_path, capsys,
                                                        monkeypatch, trainer):
-    """Sharded, stage-split or spread, a run's checkpoint joins into the one-process model: its
-    weights are the one-process run's (the same training, to rounding), sampling is its greedy
-    decoding, and the export computes its logits in transformers."""
+    """Sharded, stage-split or spread, the checkpoint of each component's run joins into the
+    one-process model: its weights are the one-process run's (the same training, to rounding),
+    sampling is its greedy decoding, and the export computes its logits in transformers."""
     transformers = pytest.importorskip("transformers")
-    run = trainer_runs[trainer]
-    (model, _), (whole, _) = load_run_model(run), load_run_model(tiny_run)
-    nproc = TRAINER_RUNS[trainer][0]
-    assert json.loads((pick_checkpoint(run) / MANIFEST).read_text())["world_size"] == nproc
+    run = component_runs[trainer]
+    (model, _), (whole, _) = load_run_model(run), load_run_model(component_runs.reference)
+    j = COMPONENTS[trainer][0]
+    manifest = json.loads((pick_checkpoint(run) / MANIFEST).read_text())
+    assert manifest["world_size"] == int(j[0]) * int(j[-1])
     # Adam turns rounding differences into update differences of ~1e-5 relative; a shard
     # placed wrongly would differ by O(1).
     for (name, a), b in zip(model.state_dict().items(), whole.state_dict().values(),

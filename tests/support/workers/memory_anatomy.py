@@ -1,16 +1,15 @@
 """Under torchrun: the measured anatomy of DDP or FSDP steps next to the prediction.
 
 ``python -m torch.distributed.run --nproc_per_node 2 -m tests.support.workers.memory_anatomy
-ddp|zero2|zero3 MODEL`` measures one step for each of fp32 and bf16, with and without
-activation checkpointing, and rank 0 prints one JSON line per case and rank:
-{"case": ..., "measured": {...}, "predicted": {...}}. bf16 is autocast under DDP and FSDP's
-bf16 policy under zero2/zero3, as in the trainers.
+MODEL SHARDING:DTYPE:CHECKPOINTING ...`` (sharding ddp, zero2 or zero3; dtype fp32 or bf16;
+checkpointing 0 or 1) measures one step of each case, and rank 0 prints one JSON line per case
+and rank: {"case": ..., "measured": {...}, "predicted": {...}}. bf16 is autocast under DDP and
+FSDP's bf16 policy under zero2/zero3, as in the trainers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import sys
 
@@ -56,11 +55,11 @@ def measure_case(sharding: str, name: str, dtype: str, checkpointing: bool) -> d
 
 
 def main() -> None:
-    sharding, name = sys.argv[1], sys.argv[2]
+    name, cases = sys.argv[1], [case.split(":") for case in sys.argv[2:]]
     dist.init_process_group("gloo")
-    for dtype, checkpointing in itertools.product(("fp32", "bf16"), (False, True)):
+    for sharding, dtype, checkpointing in cases:
         records = [None] * dist.get_world_size()
-        dist.all_gather_object(records, measure_case(sharding, name, dtype, checkpointing))
+        dist.all_gather_object(records, measure_case(sharding, name, dtype, checkpointing == "1"))
         if dist.get_rank() == 0:
             print("\n".join(json.dumps(r) for r in records), flush=True)
     dist.barrier()
