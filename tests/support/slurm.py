@@ -32,7 +32,7 @@ def trainer_args(*extra: str, steps: int = 30, batch_size: int = 16) -> list[str
 
 def torchx(*args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True,
            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """:func:`tests.conftest.torchx_cli`, raising on a non-zero exit if ``check``."""
+    """:func:`tests.support.runs.torchx_cli`, raising on a non-zero exit if ``check``."""
     proc = torchx_cli(*args, cwd=cwd, env=env, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"torchx {' '.join(args)} failed:\n{proc.stderr[-3000:]}")

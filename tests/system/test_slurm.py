@@ -11,7 +11,9 @@ logic (time limits, states, logs, snapshots) is tests/unit/test_slurm_scheduler.
 from __future__ import annotations
 
 import math
+import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -393,7 +395,7 @@ def test_dry_run_writes_nothing(slurm_cluster, tmp_path):
 
 # -- preemption and time limits (signal_grace): save, requeue, resume ---------------------------
 
-PREEMPT_STEPS = 600  # attempt 2 must still train when Slurm's warning comes, up to 30 s late
+PREEMPT_STEPS = 400  # attempt 1 must still train when scancel signals it
 PREEMPT_ARGS = trainer_args("--checkpoint-every", "0", steps=PREEMPT_STEPS)
 GRACE = 90  # s: with the limit lowered to 60-120 s ahead, Slurm's warning is due at once
 
@@ -424,6 +426,35 @@ def _requeues(app_id: str) -> int:
     return desc.num_restarts if desc is not None else 0
 
 
+def _forwarded_signals(cwd: Path, handle: str) -> int:
+    """How often the job script logged forwarding a SIGUSR1 to the tasks (in its own log,
+    ``slurm-<id>.out``, over every attempt)."""
+    log = job_dir(cwd, handle) / f"slurm-{handle.rsplit('/', 1)[-1]}.out"
+    text = log.read_text() if log.exists() else ""
+    return sum(line.startswith("torchx: SIGUSR1 at ") for line in text.splitlines())
+
+
+def _trainer_pids(app_id: str) -> list[int]:
+    """The trainer processes of Slurm job ``app_id`` on this machine (both nodes run here):
+    torchrun's workers, whose environment carries the job id and their local rank."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue  # not a process, or one that ended
+        if b"trainers.ddp" in cmdline and b"SLURM_JOB_ID=" + app_id.encode() in environ \
+                and any(var.startswith(b"LOCAL_RANK=") for var in environ):  # not torchrun
+            pids.append(int(proc.name))
+    return pids
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        os.kill(pid, sig)
+
+
 def _elapsed_s(app_id: str) -> int:
     """Seconds the job's current attempt has run (``squeue %M``: [[D-]H:]M:SS)."""
     text = subprocess.run(["squeue", "-h", "-j", app_id, "-o", "%M"], capture_output=True,
@@ -442,10 +473,12 @@ def preempted_job(slurm_cluster, tmp_path_factory) -> dict:
 
     * attempt 1 is sent SIGUSR1 the way an operator preempts a job, ``scancel --batch
       --signal=USR1``, once it logged a step;
-    * attempt 2 gets a time limit shorter than its run: once it resumed, its limit is lowered
-      (``scontrol update TimeLimit``) to end 60-120 s later, so with a 90 s grace Slurm's own
-      ``--signal`` warning is due at its next time-limit check (every 30 s), and the limit
-      itself at least 30 s after that;
+    * attempt 2 gets a time limit shorter than its run: once it resumed, its trainers are
+      stopped (SIGSTOP, so that however fast this machine trains they are still mid-run when
+      Slurm's warning comes) and its limit is lowered (``scontrol update TimeLimit``) to end
+      60-120 s later, so with a 90 s grace Slurm's own ``--signal`` warning is due at its next
+      time-limit check (every 30 s); once the job script logged that it forwarded the warning,
+      the trainers continue (SIGCONT) and act on it;
     * attempt 3, its limit back at 15 minutes, runs to the end."""
     cwd = tmp_path_factory.mktemp("preempt")
     reference = submit(cwd, "ddp", "1x2", PREEMPT_ARGS)
@@ -455,8 +488,17 @@ def preempted_job(slurm_cluster, tmp_path_factory) -> dict:
                 lambda: _logged(cwd, handle, 1, rf"step +\d+/{PREEMPT_STEPS}"))
     subprocess.run(["scancel", "--batch", "--signal=USR1", app_id], check=True)
     _wait_until(f"{handle} resuming", lambda: _logged(cwd, handle, 2, "resumed from"))
-    minutes = (_elapsed_s(app_id) + 60) // 60 + 1
-    subprocess.run(["scontrol", "update", f"JobId={app_id}", f"TimeLimit={minutes}"], check=True)
+    trainers = _trainer_pids(app_id)
+    assert len(trainers) == 2, trainers  # one rank per node
+    _signal_all(trainers, signal.SIGSTOP)
+    try:
+        minutes = (_elapsed_s(app_id) + 60) // 60 + 1
+        subprocess.run(["scontrol", "update", f"JobId={app_id}", f"TimeLimit={minutes}"],
+                       check=True)
+        _wait_until(f"{handle} forwarding Slurm's time-limit warning",
+                    lambda: _forwarded_signals(cwd, handle) >= 2, timeout=120)
+    finally:
+        _signal_all(trainers, signal.SIGCONT)
     _wait_until(f"{handle} requeued on its time limit", lambda: _requeues(app_id) >= 2)
     subprocess.run(["scontrol", "update", f"JobId={app_id}", "TimeLimit=15"], check=True)
     return {"cwd": cwd, "handle": handle, "reference": reference, "final": wait(handle),
