@@ -42,6 +42,14 @@ def single_process(tmp_path_factory) -> dict[int, float]:
     return losses(run_dir)
 
 
+@pytest.fixture(scope="session")
+def ddp_two_ranks(tmp_path_factory) -> dict[int, float]:
+    """Per-step losses of the same run under DDP on 2 ranks (each a batch of 8)."""
+    run_dir = tmp_path_factory.mktemp("ddp-two-ranks")
+    run_trainer([*TINY, "--batch-size", "16", "--output-dir", str(run_dir)], nproc=2)
+    return losses(run_dir)
+
+
 @pytest.fixture
 def world_of_one():
     """A process group of one in this process (what a trainer run without torchrun forms)."""

@@ -17,9 +17,8 @@ def test_reference_loss_falls(single_process):
     assert single_process[8] < single_process[1] - 0.3
 
 
-def test_ddp_two_ranks_match_one_process_with_twice_the_batch(tmp_path, single_process):
-    run_trainer([*TINY, "--batch-size", "16", "--output-dir", str(tmp_path)], nproc=2)
-    assert_close(losses(tmp_path), single_process)
+def test_ddp_two_ranks_match_one_process_with_twice_the_batch(ddp_two_ranks, single_process):
+    assert_close(ddp_two_ranks, single_process)
 
 
 def test_accumulated_micro_batches_match_one_batch(tmp_path, single_process):

@@ -19,17 +19,10 @@ pytestmark = pytest.mark.slow
 BATCH = [*TINY, "--batch-size", "16"]
 
 
-@pytest.fixture(scope="module")
-def ddp_two_ranks(tmp_path_factory) -> dict[int, float]:
-    run_dir = tmp_path_factory.mktemp("ddp")
-    run_trainer([*BATCH, "--output-dir", str(run_dir)], nproc=2)
-    return losses(run_dir)
-
-
-@pytest.mark.parametrize("reshard", ["true", "false"])
-def test_fsdp_matches_ddp_and_one_process(tmp_path, single_process, ddp_two_ranks, reshard):
-    run_trainer([*BATCH, "--reshard-after-forward", reshard, "--output-dir", str(tmp_path)],
-                nproc=2, module="trainers.fsdp")
+def test_fsdp_matches_ddp_and_one_process(tmp_path, single_process, ddp_two_ranks):
+    """ZeRO-3; ZeRO-2 (--reshard-after-forward false) is the fsdp component's run, checked
+    against one process by tests/integration/test_sample_export.py."""
+    run_trainer([*BATCH, "--output-dir", str(tmp_path)], nproc=2, module="trainers.fsdp")
     assert_close(losses(tmp_path), single_process)
     assert_close(losses(tmp_path), ddp_two_ranks)
 
@@ -40,21 +33,21 @@ def test_fsdp_with_accumulation_and_checkpointing(tmp_path, single_process):
     assert_close(losses(tmp_path), single_process)
 
 
-@pytest.mark.parametrize("extra", [[], ["--sequence-parallel"]])
-def test_tensor_parallel_logits_and_gradients_match_the_unsharded_model(extra):
+def test_tensor_parallel_logits_and_gradients_match_the_unsharded_model():
+    """Without and with sequence parallel, in one torchrun."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-           "-m", "tests.support.workers.tp_grads", *extra]
+           "-m", "tests.support.workers.tp_grads"]
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "checked logits and" in proc.stdout
+    assert proc.stdout.count("checked logits and") == 2, proc.stdout
 
 
-@pytest.mark.parametrize("extra", [[], ["--sequence-parallel"]])
-def test_tensor_parallel_losses_match_one_process(tmp_path, single_process, extra):
-    run_trainer([*BATCH, "--tp", "2", *extra, "--output-dir", str(tmp_path)], nproc=2,
-                module="trainers.tensor_parallel")
+def test_tensor_parallel_with_sequence_parallel_matches_one_process(tmp_path, single_process):
+    """Plain tensor parallel is the 2-D run's below."""
+    run_trainer([*BATCH, "--tp", "2", "--sequence-parallel", "--output-dir", str(tmp_path)],
+                nproc=2, module="trainers.tensor_parallel")
     assert_close(losses(tmp_path), single_process)
 
 
