@@ -473,7 +473,7 @@ def preempted_job(slurm_cluster, tmp_path_factory) -> dict:
 
     * attempt 1 is sent SIGUSR1 the way an operator preempts a job, ``scancel --batch
       --signal=USR1``, once it logged a step;
-    * attempt 2 gets a time limit shorter than its run: once it resumed, its trainers are
+    * attempt 2 gets a time limit shorter than its run: once it logged a step, its trainers are
       stopped (SIGSTOP, so that however fast this machine trains they are still mid-run when
       Slurm's warning comes) and its limit is lowered (``scontrol update TimeLimit``) to end
       60-120 s later, so with a 90 s grace Slurm's own ``--signal`` warning is due at its next
@@ -488,6 +488,8 @@ def preempted_job(slurm_cluster, tmp_path_factory) -> dict:
                 lambda: _logged(cwd, handle, 1, rf"step +\d+/{PREEMPT_STEPS}"))
     subprocess.run(["scancel", "--batch", "--signal=USR1", app_id], check=True)
     _wait_until(f"{handle} resuming", lambda: _logged(cwd, handle, 2, "resumed from"))
+    _wait_until(f"{handle} training again",  # so that its save is of a step of its own
+                lambda: _logged(cwd, handle, 2, rf"step +\d+/{PREEMPT_STEPS}"))
     trainers = _trainer_pids(app_id)
     assert len(trainers) == 2, trainers  # one rank per node
     _signal_all(trainers, signal.SIGSTOP)
