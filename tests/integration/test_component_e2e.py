@@ -12,6 +12,7 @@ import pytest
 from tests.support.component_runs import COMPONENTS
 from tests.support.runs import REPO, child_env, torchx_cli
 
+
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_component_on_local_cwd(component_runs, component):
     """The job succeeds on every rank of its -j, the loss and the eval loss fall, and the run
