@@ -155,7 +155,7 @@ def serve_rank(prefix: str, trainer: str, args: Sequence[str],
     """One rank of :func:`run_ranks`: ``trainers.<trainer>``'s config from ``args``, its process
     group, and ``measure(cfg, env, build)`` (its own ``build``) with ``rank``, ``world_size``."""
     from trainers.core.distributed import init_distributed
-    from trainers.spec.config import parse_config
+    from trainers.torchfree.config import parse_config
 
     torch.set_num_threads(THREADS)
     cfg = parse_config(list(args), trainer, check_paths=False)

@@ -14,9 +14,9 @@ from bench.memory_probe import measure_step
 from trainers import ddp
 from trainers.core.distributed import init_distributed
 from trainers.core.loop import build_optimizer
-from trainers.spec.config import parse_config
-from trainers.spec.memory import SHARDINGS, Layout, predict
-from trainers.spec.shapes import MODEL_SIZES
+from trainers.torchfree.config import parse_config
+from trainers.torchfree.memory_formulas import SHARDINGS, Layout, predict
+from trainers.torchfree.shapes import MODEL_SIZES
 
 CONFIGS = [("baseline: fp32", "fp32", False), ("bf16 autocast", "bf16", False),
            ("activation checkpointing", "fp32", True),

@@ -13,7 +13,7 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 
-from trainers.spec.memory import Anatomy
+from trainers.torchfree.memory_formulas import Anatomy
 
 
 class Tally:

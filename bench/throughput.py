@@ -17,7 +17,7 @@ from bench import harness
 from bench.harness import THREADS, WORKER, BenchError, median, trainer_args
 from bench.peak import measure_peak
 from trainers.core.metrics import MetricsWriter, bf16_matmul_hardware
-from trainers.spec.shapes import MODEL_SIZES
+from trainers.torchfree.shapes import MODEL_SIZES
 
 FIRST_STEP = re.compile(r"\bstep\s+1/\d+")  # rank 0's line after step 1: "step 1/N | loss ..."
 

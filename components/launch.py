@@ -3,8 +3,8 @@
 
 Each component is one ``def`` (TorchX reads its signature and docstring) that passes its
 arguments to :func:`trainer_app` with the name of its trainer in the table of trainers
-(:mod:`trainers.spec.registry`). Validation uses the trainers' own parser
-(:func:`trainers.spec.config.parse_config`) for every data-parallel size the job's node range
+(:mod:`trainers.torchfree.trainer_table`). Validation uses the trainers' own parser
+(:func:`trainers.torchfree.config.parse_config`) for every data-parallel size the job's node range
 allows, so a bad argument fails here, in one line, before anything is scheduled.
 """
 
@@ -20,13 +20,13 @@ from torchx.specs.api import macros
 
 from components.errors import ComponentArgumentError
 from components.torchx_compat import torchrun_app
-from trainers.spec import faults, registry
-from trainers.spec.config import parse_config
-from trainers.spec.errors import ConfigError, MissingPathError
-from trainers.spec.models import model_kind
-from trainers.spec.planner import GIB, check_fits
-from trainers.spec.preemption import parse_signals
-from trainers.spec.resources import GPU_MEMORY_GB, gpu_memory_gb, node_request
+from trainers.torchfree import faults, trainer_table
+from trainers.torchfree.config import parse_config
+from trainers.torchfree.errors import ConfigError, MissingPathError
+from trainers.torchfree.model_names import model_kind
+from trainers.torchfree.planner import GIB, check_fits
+from trainers.torchfree.preemption_signals import parse_signals
+from trainers.torchfree.resources import GPU_MEMORY_GB, gpu_memory_gb, node_request
 
 # The image that container schedulers (kubernetes, local_docker) run; local_cwd ignores it.
 DEFAULT_IMAGE = "torchx-templates:cpu"
@@ -153,13 +153,13 @@ def trainer_app(
 
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
-    The trainer's placement check (its registry entry's ``check_placement``: one process per
+    The trainer's placement check (its ``check_placement``: one process per
     GPU, or model_parallel's one process per node) sees the processes and GPUs per node (those
     of the named resource ``h`` when given); ``cpu`` and ``memMB`` of 0 take the per-node
-    defaults of :func:`trainers.spec.resources.node_request`; a ``TRAINERS_KILL_AT`` in
+    defaults of :func:`trainers.torchfree.resources.node_request`; a ``TRAINERS_KILL_AT`` in
     ``env`` is checked as the trainers will read it.
     ``max_retries`` is both torchrun's in-place restarts and the scheduler's retries.
-    The memory pre-flight (:func:`trainers.spec.planner.check_fits`) runs against one device
+    The memory pre-flight (:func:`trainers.torchfree.planner.check_fits`) runs against one device
     of ``device_memory_gb`` or of ``gpu_type`` (a GPU job must name one), or on CPU-only jobs
     against the node's memory shared by its processes; models in files (``hf:DIR``,
     ``MODULE:ATTR``) are not checked with ``check_paths`` false.
@@ -173,7 +173,7 @@ def trainer_app(
     gpus = resource.gpu if resource is not None else gpu
     cpu, memMB = node_request(gpus, cpu, memMB)
     try:
-        entry = registry.trainer(trainer)
+        entry = trainer_table.trainer(trainer)
         cfg = parse_config(args, trainer, world_sizes=world_sizes, check_paths=check_paths)
         entry.check_placement(cfg, nproc, gpus)
         check_kill_point(env, world_sizes[-1])

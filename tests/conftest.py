@@ -54,7 +54,7 @@ def ddp_two_ranks(tmp_path_factory) -> dict[int, float]:
 def world_of_one():
     """A process group of one in this process (what a trainer run without torchrun forms)."""
     from trainers.core.distributed import init_distributed
-    from trainers.spec.config import parse_config
+    from trainers.torchfree.config import parse_config
 
     with init_distributed(parse_config(["--device", "cpu"], "ddp")) as env:
         yield env

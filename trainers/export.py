@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainers.core.run_model import load_run_model
-from trainers.spec.config import OneLineParser, exit_on_config_error
-from trainers.spec.errors import ConfigError
-from trainers.spec.models import model_shape
+from trainers.torchfree.config import OneLineParser, exit_on_config_error
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.model_names import model_shape
 
 
 def _parser() -> argparse.ArgumentParser:

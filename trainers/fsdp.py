@@ -23,7 +23,7 @@ from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
-from trainers.spec.config import TrainConfig
+from trainers.torchfree.config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv) -> Strategy:

@@ -1,15 +1,15 @@
 """Memory anatomy per rank: ``python -m trainers.memory --model 1b --devices 8``.
 
 Prints parameters, gradients, AdamW state, activations and gathered parameters per rank
-under DDP and ZeRO-1/2/3, as :mod:`trainers.spec.memory` predicts them.
+under DDP and ZeRO-1/2/3, as :mod:`trainers.torchfree.memory_formulas` predicts them.
 """
 
 from __future__ import annotations
 
-from trainers.spec.config import OneLineParser, exit_on_config_error
-from trainers.spec.errors import ConfigError
-from trainers.spec.memory import anatomy_table
-from trainers.spec.models import MODEL_HELP, model_shape
+from trainers.torchfree.config import OneLineParser, exit_on_config_error
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.memory_formulas import anatomy_table
+from trainers.torchfree.model_names import MODEL_HELP, model_shape
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,7 +20,7 @@ from trainers.core.strategy import Strategy
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.ddp import DDPStrategy
 from trainers.parallel.spread import parse_devices, spread_over
-from trainers.spec.config import TrainConfig
+from trainers.torchfree.config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv) -> Strategy:

@@ -22,7 +22,7 @@ from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.pipeline import PipelineStrategy, split_stage, stage_indices
-from trainers.spec.config import TrainConfig
+from trainers.torchfree.config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv) -> Strategy:

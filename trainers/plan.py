@@ -1,9 +1,9 @@
 """Will it fit, and how to split it: ``python -m trainers.plan --model 7b --gpu-type h100``.
 
-Prints the memory per rank of each configuration the planner (:mod:`trainers.spec.planner`)
+Prints the memory per rank of each configuration the planner (:mod:`trainers.torchfree.planner`)
 prices, and the first of the decision guide's configurations that fits as a complete ``torchx
 run`` command for ``--scheduler``: nodes and processes, GPUs, the GPUs' memory, the CPUs and
-memory per node the component would ask for (:mod:`trainers.spec.resources`), the image for
+memory per node the component would ask for (:mod:`trainers.torchfree.resources`), the image for
 Kubernetes, and the trainer's options. The scheduler's own settings (Slurm partition and time,
 Kubernetes queue and namespace) come from ``.torchxconfig``.
 """
@@ -14,12 +14,12 @@ import argparse
 import math
 from collections.abc import Sequence
 
-from trainers.spec.config import OneLineParser, exit_on_config_error
-from trainers.spec.errors import ConfigError
-from trainers.spec.models import MODEL_HELP, model_shape
-from trainers.spec.planner import GIB, custom_shape, recommend, table
-from trainers.spec.registry import TRAINERS
-from trainers.spec.resources import GPU_MEMORY_GB, gpu_memory_gb, node_request
+from trainers.torchfree.config import OneLineParser, exit_on_config_error
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.model_names import MODEL_HELP, model_shape
+from trainers.torchfree.planner import GIB, custom_shape, recommend, table
+from trainers.torchfree.resources import GPU_MEMORY_GB, gpu_memory_gb, node_request
+from trainers.torchfree.trainer_table import TRAINERS
 
 SCHEDULERS = ("slurm", "kubernetes", "local_cwd")
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainers.spec.config import OneLineParser, exit_on_config_error
-from trainers.spec.errors import ConfigError
-from trainers.spec.run_record import read_config
+from trainers.torchfree.config import OneLineParser, exit_on_config_error
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.run_record import read_config
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

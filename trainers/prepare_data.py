@@ -2,7 +2,7 @@
 ``python -m trainers.prepare_data SOURCE... OUT.bin [--tokenizer bytes|tokenizer.json]``.
 
 SOURCE is a ``.txt``, ``.jsonl`` or ``.parquet`` file, a directory or a glob of them (read by
-:mod:`trainers.spec.corpus`, as training reads text ``--data``). ``--tokenizer bytes`` (the
+:mod:`trainers.torchfree.corpus`, as training reads text ``--data``). ``--tokenizer bytes`` (the
 default) makes every UTF-8 byte one id (vocabulary 256); a ``tokenizer.json`` path uses that
 Hugging Face tokenizer, with uint32 ids when its vocabulary exceeds 65,536. Progress goes to
 stderr. The output is read by :class:`trainers.core.data.TokenFileDataset`.
@@ -14,12 +14,12 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainers.spec.config import OneLineParser, exit_on_config_error
-from trainers.spec.corpus import check_corpus, progress_line, resolve_files, tokenize_corpus
-from trainers.spec.data_source import DEFAULT_TEXT_FIELD
-from trainers.spec.errors import ConfigError
-from trainers.spec.token_file import dtype_for
-from trainers.spec.tokenizer import BYTES, load_tokenizer
+from trainers.torchfree.config import OneLineParser, exit_on_config_error
+from trainers.torchfree.corpus import check_corpus, progress_line, resolve_files, tokenize_corpus
+from trainers.torchfree.data_source import DEFAULT_TEXT_FIELD
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.token_file import dtype_for
+from trainers.torchfree.tokenizer import BYTES, load_tokenizer
 
 PROG = "trainers.prepare_data"
 

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.spec.config import OneLineParser, TrainConfig, exit_on_config_error, parse_config
-from trainers.spec.errors import ConfigError
-from trainers.spec.registry import TRAINERS
+from trainers.torchfree.config import OneLineParser, TrainConfig, exit_on_config_error, parse_config
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.trainer_table import TRAINERS
 
 PROG = "trainers.ray_train"
 # The trainers Ray Train runs: those whose registry entry has no reason it cannot.

@@ -16,10 +16,10 @@ import torch
 
 from trainers.core.generate import generate
 from trainers.core.run_model import load_run_model
-from trainers.spec.config import OneLineParser, exit_on_config_error
-from trainers.spec.errors import ConfigError
-from trainers.spec.models import model_shape
-from trainers.spec.tokenizer import BYTES, load_tokenizer
+from trainers.torchfree.config import OneLineParser, exit_on_config_error
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.model_names import model_shape
+from trainers.torchfree.tokenizer import BYTES, load_tokenizer
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ from trainers.core.strategy import Strategy
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
 from trainers.parallel.tensor_parallel import apply_tensor_parallel
-from trainers.spec.config import TrainConfig
+from trainers.torchfree.config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv) -> Strategy:

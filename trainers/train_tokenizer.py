@@ -2,7 +2,7 @@
 ``python -m trainers.train_tokenizer CORPUS... --vocab-size N --output tokenizer.json``.
 
 CORPUS is a ``.txt``, ``.jsonl`` or ``.parquet`` file, a directory or a glob of them, read by
-:mod:`trainers.spec.corpus` as training reads text ``--data``. The tokenizer (Hugging Face
+:mod:`trainers.torchfree.corpus` as training reads text ``--data``. The tokenizer (Hugging Face
 ``tokenizers``: GPT-2's byte-level pre-tokenizer and decoder, so any text round-trips) holds
 ``<|endoftext|>`` (id 0, the separator between documents), the byte symbols and merges up to
 ``--vocab-size`` ids. With ``--vocab-size`` 257 or more it holds all 256 byte symbols, so any
@@ -17,10 +17,10 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainers.spec.config import OneLineParser, exit_on_config_error
-from trainers.spec.corpus import check_corpus, resolve_files, texts
-from trainers.spec.data_source import DEFAULT_TEXT_FIELD
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.config import OneLineParser, exit_on_config_error
+from trainers.torchfree.corpus import check_corpus, resolve_files, texts
+from trainers.torchfree.data_source import DEFAULT_TEXT_FIELD
+from trainers.torchfree.errors import ConfigError
 
 PROG = "trainers.train_tokenizer"
 END_OF_TEXT = "<|endoftext|>"

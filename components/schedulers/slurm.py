@@ -76,7 +76,7 @@ from components.schedulers.slurm_preemption import (
     sbatch_signal,
 )
 from components.torchx_compat import SlurmSchedulerBase, replace_cfg
-from trainers.spec.paths import existing_ancestor, unwritable_reason
+from trainers.torchfree.paths import existing_ancestor, unwritable_reason
 
 _log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
     @staticmethod
     def _check_writable(job_dir: str) -> None:
         """Refuse a ``job_dir`` that cannot be created and written, without writing anything
-        (a dry run writes nothing): :func:`trainers.spec.paths.unwritable_reason`."""
+        (a dry run writes nothing): :func:`trainers.torchfree.paths.unwritable_reason`."""
         reason = unwritable_reason(Path(job_dir))
         if reason is not None:
             raise ComponentArgumentError(_unwritable(job_dir, str(reason[0]), reason[1]))

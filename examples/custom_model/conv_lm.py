@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainers.core.model_spec import ModelSpec, normal_init
-from trainers.spec.shapes import ModelConfig
+from trainers.torchfree.shapes import ModelConfig
 
 
 class Block(nn.Module):

@@ -9,7 +9,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.integration.test_checkpoint import tiny_checkpointer
 from tests.support.runs import TINY, assert_close, losses, run_trainer
-from trainers.spec.checkpoint_files import find_checkpoints, verify
+from trainers.torchfree.checkpoint_files import find_checkpoints, verify
 
 
 def test_an_async_save_holds_its_step_and_is_committed_later(tmp_path, world_of_one):

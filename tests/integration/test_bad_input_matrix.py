@@ -22,7 +22,7 @@ from tests.support.runs import REPO
 from tests.support.slurm import queued_jobs_from, torchx, trainer_args
 from tests.system.test_slurm import BAD_OPTIONS as SLURM_BAD_CLUSTER_OPTIONS
 from tests.system.test_slurm import BAD_OPTIONS_ANYWHERE as SLURM_BAD_OPTIONS
-from trainers.spec.checkpoint_files import FORMAT
+from trainers.torchfree.checkpoint_files import FORMAT
 
 # The words by which an error line names its fix.
 FIX = re.compile(r"\b(pass|use|try|lower|pick|drop|list|tokenize|instead|did you mean|such as)\b"

@@ -19,8 +19,8 @@ from trainers.core.checkpoint import (
     verify,
 )
 from trainers.core.model_spec import build_model
-from trainers.spec.config import parse_config
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.config import parse_config
+from trainers.torchfree.errors import ConfigError
 
 
 def _state(seed: int):

@@ -12,7 +12,7 @@ import pytest
 
 from components import launch
 from tests.support.runs import REPO
-from trainers.spec.registry import TRAINERS
+from trainers.torchfree.trainer_table import TRAINERS
 
 
 def _launcher_parameters() -> list[inspect.Parameter]:

@@ -11,9 +11,9 @@ import pytest
 from components.ddp import ddp
 from components.errors import ComponentArgumentError
 from tests.support.runs import run_trainer
-from trainers.spec.config import model_vocab, parse_config
-from trainers.spec.errors import ConfigError
-from trainers.spec.token_file import write_token_file
+from trainers.torchfree.config import model_vocab, parse_config
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.token_file import write_token_file
 
 
 def parse(*args: str, dp: int = 1, tmp: Path | None = None):
@@ -320,8 +320,8 @@ def test_model_vocab_is_the_models(tmp_path):
 def test_help_shows_the_trainers_own_options_once_each(name):
     """--help lists the options every trainer serves and this one's own, says when to use the
     trainer, and shows each default once (none for an empty one)."""
-    from trainers.spec.config import build_parser
-    from trainers.spec.registry import TRAINERS, serving
+    from trainers.torchfree.config import build_parser
+    from trainers.torchfree.trainer_table import TRAINERS, serving
 
     text = build_parser(name).format_help()
     assert TRAINERS[name].when.split(":")[0] in " ".join(text.split())

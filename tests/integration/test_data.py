@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from trainers.core.data import BatchStream, MarkovChainDataset, TokenFileDataset, eval_batches
-from trainers.spec.token_file import read_header
+from trainers.torchfree.token_file import read_header
 
 
 def test_synthetic_data_is_deterministic_and_seed_dependent():

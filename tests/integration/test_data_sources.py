@@ -19,11 +19,11 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from tests.support.runs import REPO, TINY, assert_close, child_env, losses, run_trainer
 from trainers.core.data import TokenFileDataset
-from trainers.spec.config import parse_config
-from trainers.spec.corpus import resolve_files, tokenize_corpus
-from trainers.spec.data_source import text_source
-from trainers.spec.token_file import MAGIC_UINT16, read_header
-from trainers.spec.tokenizer import BYTES_END_OF_TEXT, load_tokenizer
+from trainers.torchfree.config import parse_config
+from trainers.torchfree.corpus import resolve_files, tokenize_corpus
+from trainers.torchfree.data_source import text_source
+from trainers.torchfree.token_file import MAGIC_UINT16, read_header
+from trainers.torchfree.tokenizer import BYTES_END_OF_TEXT, load_tokenizer
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
 
@@ -106,7 +106,7 @@ def test_bytes_tokenizer_separates_documents_by_0xff(tmp_path):
 
 
 def test_a_long_txt_file_is_one_document(tmp_path, monkeypatch):
-    monkeypatch.setattr("trainers.spec.corpus._TXT_BLOCK", 8)  # many pieces, no separator
+    monkeypatch.setattr("trainers.torchfree.corpus._TXT_BLOCK", 8)  # many pieces, no separator
     text = "line one\nline two\nline three\n" * 5
     (tmp_path / "a.txt").write_text(text)
     target = tmp_path / "out.bin"

@@ -13,8 +13,8 @@ import torch
 from tests.support.runs import assert_close, losses, run_trainer
 from trainers.core.hf_model import tiny_llama_config
 from trainers.core.model_spec import build_model
-from trainers.spec.config import parse_config
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.config import parse_config
+from trainers.torchfree.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
 

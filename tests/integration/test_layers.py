@@ -1,4 +1,4 @@
-"""The layers stay what the folders say: imports point one way, the spec layer is torch-free,
+"""The layers stay what the folders say: imports point one way, trainers/torchfree imports no torch,
 no module hides a standard-library or dependency module, and the table of trainers is whole."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.runs import REPO, child_env
-from trainers.spec.registry import TRAINERS
+from trainers.torchfree.trainer_table import TRAINERS
 
 # Layers from the bottom up; a module may import its own layer and the ones below it.
-LAYERS = ["trainers.spec", "trainers.core", "trainers.parallel", "trainers"]
+LAYERS = ["trainers.torchfree", "trainers.core", "trainers.parallel", "trainers"]
 
 
 def _layer(module: str) -> int:
@@ -45,7 +45,7 @@ def test_imports_point_down(path: Path):
 
 def test_the_spec_layer_and_the_components_import_no_torch():
     """What `torchx run` imports to validate and submit a job: no torch."""
-    modules = [f"trainers.spec.{p.stem}" for p in (REPO / "trainers/spec").glob("*.py")]
+    modules = [f"trainers.torchfree.{p.stem}" for p in (REPO / "trainers/torchfree").glob("*.py")]
     modules += [f"components.{name}" for name in TRAINERS] + ["components.launch"]
     code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")

@@ -15,9 +15,9 @@ from tests.support.runs import REPO, child_env
 from trainers.core.loop import build_optimizer
 from trainers.core.model_spec import build_model, resolve_spec
 from trainers.parallel.checkpointing import apply_activation_checkpointing
-from trainers.spec.config import parse_config
-from trainers.spec.memory import Layout, anatomy_table, predict
-from trainers.spec.shapes import MODEL_SIZES
+from trainers.torchfree.config import parse_config
+from trainers.torchfree.memory_formulas import Layout, anatomy_table, predict
+from trainers.torchfree.shapes import MODEL_SIZES
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "gathered")
 

@@ -14,10 +14,10 @@ from components.errors import ComponentArgumentError
 from components.fsdp import fsdp
 from components.pipeline import pipeline
 from tests.support.runs import REPO, child_env, torchx_cli
-from trainers.spec.config import parse_config
-from trainers.spec.errors import ConfigError
-from trainers.spec.planner import GIB, job_candidate, recommend
-from trainers.spec.shapes import MODEL_SIZES
+from trainers.torchfree.config import parse_config
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.planner import GIB, job_candidate, recommend
+from trainers.torchfree.shapes import MODEL_SIZES
 
 
 def test_a_model_that_fits_one_device_gets_ddp():

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.runs import TINY, run_trainer
 from trainers import plot
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.errors import ConfigError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

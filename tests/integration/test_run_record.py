@@ -21,8 +21,8 @@ import pytest
 from tests.support.runs import REPO, TINY, child_env
 from trainers.core.loop import lr_factor
 from trainers.core.metrics import MetricsWriter, format_line
-from trainers.spec.config import TrainConfig
-from trainers.spec.run_record import (
+from trainers.torchfree.config import TrainConfig
+from trainers.torchfree.run_record import (
     changed_options,
     git_state,
     read_config,

@@ -16,8 +16,8 @@ from tests.support.component_runs import COMPONENTS
 from tests.support.runs import TINY, run_trainer
 from trainers import export, sample
 from trainers.core.run_model import load_run_model, pick_checkpoint
-from trainers.spec.checkpoint_files import MANIFEST, find_checkpoints
-from trainers.spec.registry import TRAINERS
+from trainers.torchfree.checkpoint_files import MANIFEST, find_checkpoints
+from trainers.torchfree.trainer_table import TRAINERS
 
 PROMPT = "héllo wörld ✓ 🙂"
 

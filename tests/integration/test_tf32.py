@@ -15,9 +15,9 @@ import torch
 from components.fsdp import fsdp
 from tests.support.runs import TINY, losses, run_trainer
 from trainers.core.distributed import configure_tf32, tf32_applies
-from trainers.spec.config import parse_config
-from trainers.spec.errors import ConfigError
-from trainers.spec.registry import TRAINERS
+from trainers.torchfree.config import parse_config
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.trainer_table import TRAINERS
 
 
 @pytest.mark.parametrize("name", sorted(TRAINERS))

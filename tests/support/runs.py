@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from trainers.spec.checkpoint_files import find_checkpoints
+from trainers.torchfree.checkpoint_files import find_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
 

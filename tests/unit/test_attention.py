@@ -23,9 +23,9 @@ from trainers.core.attention import (
 )
 from trainers.core.model import Attention
 from trainers.core.model_spec import build_model
-from trainers.spec.config import TrainConfig, build_parser, parse_config
-from trainers.spec.errors import ConfigError
-from trainers.spec.shapes import MODEL_SIZES
+from trainers.torchfree.config import TrainConfig, build_parser, parse_config
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.shapes import MODEL_SIZES
 
 TOL = {"atol": 1e-5, "rtol": 0.0}
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainers.core.model_spec import build_model, resolve_spec
-from trainers.spec.shapes import MODEL_SIZES
+from trainers.torchfree.shapes import MODEL_SIZES
 
 
 def test_logits_shape_and_dtype():

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from tests.support.runs import TINY, losses, without
 from trainers.core.distributed import init_distributed
 from trainers.ray_train import check_address, check_resources, parse_args, placeable_workers
-from trainers.spec.config import parse_config
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.config import parse_config
+from trainers.torchfree.errors import ConfigError
 
 # The trainer arguments of the launcher cases, and of the runs of tests/system/test_ray.py: 10
 # steps with checkpoints at 4 and 8 (and 10), so a kill at step 6 loses 2 steps.

@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.checkpoint.stateful import Stateful
 
 from trainers.core.distributed import DistEnv
-from trainers.spec.checkpoint_files import (
+from trainers.torchfree.checkpoint_files import (
     CHECKPOINTS,
     FORMAT,
     MANIFEST,
@@ -55,8 +55,8 @@ from trainers.spec.checkpoint_files import (
     find_checkpoints,
     verify,
 )
-from trainers.spec.errors import CheckpointWriteError, ConfigError
-from trainers.spec.faults import KillPoint, maybe_kill
+from trainers.torchfree.errors import CheckpointWriteError, ConfigError
+from trainers.torchfree.faults import KillPoint, maybe_kill
 
 log = logging.getLogger(__name__)
 

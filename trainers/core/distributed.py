@@ -19,8 +19,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainers.spec.config import TrainConfig
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.config import TrainConfig
+from trainers.torchfree.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from trainers.core.loop import StepHook, train
 from trainers.core.oom import explain_out_of_memory
 from trainers.core.preemption import Notice
 from trainers.core.strategy import Strategy
-from trainers.spec.config import TrainConfig, exit_on_config_error, parse_or_exit
-from trainers.spec.preemption import exit_status
-from trainers.spec.registry import trainer
-from trainers.spec.run_record import run_record, write_config
+from trainers.torchfree.config import TrainConfig, exit_on_config_error, parse_or_exit
+from trainers.torchfree.preemption_signals import exit_status
+from trainers.torchfree.run_record import run_record, write_config
+from trainers.torchfree.trainer_table import trainer
 
 StrategyBuilder = Callable[[TrainConfig, DistEnv], Strategy]
 
@@ -47,7 +47,7 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
     :func:`trainers.core.loop.train`).
 
     A run stopped by a preemption signal (its checkpoint saved) leaves the process group and
-    exits ``128 + signal`` (:func:`trainers.spec.preemption.exit_status`)."""
+    exits ``128 + signal`` (:func:`trainers.torchfree.preemption_signals.exit_status`)."""
     with init_distributed(cfg, device) as env, explain_out_of_memory(cfg, name, env.device):
         if env.is_main:
             write_config(Path(cfg.output_dir),

@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from trainers.spec.errors import ConfigError
-from trainers.spec.models import model_kind, model_shape
-from trainers.spec.tokenizer import BYTES, load_tokenizer
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.model_names import model_kind, model_shape
+from trainers.torchfree.tokenizer import BYTES, load_tokenizer
 
 # (model, the run's config as a dict, output directory) -> writes config.json and weights.
 Converter = Callable[[nn.Module, dict[str, Any], Path], None]

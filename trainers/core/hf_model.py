@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from trainers.core.model_spec import ModelSpec, ParameterInit, normal_init
-from trainers.spec.errors import ConfigError
-from trainers.spec.models import hf_directory
-from trainers.spec.shapes import ModelConfig
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.model_names import hf_directory
+from trainers.torchfree.shapes import ModelConfig
 
 
 class CausalLM(nn.Module):

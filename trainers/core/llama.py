@@ -18,7 +18,7 @@ from torch import nn
 from trainers.core.attention import attention_fn, sdpa
 from trainers.core.model import block_tp_plan, scaled_init
 from trainers.core.model_spec import ModelSpec
-from trainers.spec.shapes import ModelConfig
+from trainers.torchfree.shapes import ModelConfig
 
 
 def rotary_tables(head_dim: int, seq: int, theta: float, device: torch.device

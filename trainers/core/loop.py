@@ -33,12 +33,12 @@ from trainers.core.metrics import (
 )
 from trainers.core.preemption import Notice, PreemptionWatch
 from trainers.core.strategy import Strategy
-from trainers.spec.checkpoint_files import saved_manifest, step_of
-from trainers.spec.config import TrainConfig
-from trainers.spec.faults import kill_point, maybe_kill, restart_count
-from trainers.spec.models import model_shape
-from trainers.spec.preemption import exit_status, parse_signals
-from trainers.spec.run_record import changed_options
+from trainers.torchfree.checkpoint_files import saved_manifest, step_of
+from trainers.torchfree.config import TrainConfig
+from trainers.torchfree.faults import kill_point, maybe_kill, restart_count
+from trainers.torchfree.model_names import model_shape
+from trainers.torchfree.preemption_signals import exit_status, parse_signals
+from trainers.torchfree.run_record import changed_options
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -23,7 +23,7 @@ from torch.distributed.tensor.parallel import (
 
 from trainers.core.attention import attention_fn, sdpa
 from trainers.core.model_spec import ModelSpec, ParameterInit
-from trainers.spec.shapes import ModelConfig
+from trainers.torchfree.shapes import ModelConfig
 
 
 class Attention(nn.Module):

@@ -3,7 +3,7 @@
 Every trainer (ddp, fsdp, tensor_parallel, pipeline, model_parallel) and Ray Train work from a
 :class:`ModelSpec`, never from attribute names of one model. A spec says
 
-* ``shape``: the shape facts (:class:`trainers.spec.shapes.ModelConfig`) the planner, MFU and
+* ``shape``: the shape facts (:class:`trainers.torchfree.shapes.ModelConfig`) the planner, MFU and
   the pre-flight checks read;
 * ``build()``: the model, called under ``torch.device("meta")``; its forward takes token ids
   ``(batch, seq)`` and returns logits ``(batch, seq, vocab)``;
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from trainers.spec.config import TrainConfig
-from trainers.spec.errors import ConfigError
-from trainers.spec.models import hf_shape, import_spec, model_kind
-from trainers.spec.shapes import FAMILIES, MODEL_SIZES, ModelConfig
+from trainers.torchfree.config import TrainConfig
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.model_names import hf_shape, import_spec, model_kind
+from trainers.torchfree.shapes import FAMILIES, MODEL_SIZES, ModelConfig
 
 ParameterInit = Callable[[str, torch.Tensor, torch.Generator], None]
 TensorParallelPlan = Callable[[bool], dict[str, object]]

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import torch
 
 from trainers.core.metrics import peak_memory_bytes
-from trainers.spec.config import TrainConfig
-from trainers.spec.planner import GIB, job_candidate
-from trainers.spec.registry import TRAINERS
+from trainers.torchfree.config import TrainConfig
+from trainers.torchfree.planner import GIB, job_candidate
+from trainers.torchfree.trainer_table import TRAINERS
 
 
 def is_out_of_memory(err: BaseException) -> bool:

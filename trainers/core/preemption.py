@@ -4,7 +4,7 @@
 (a second signal, say during the save, changes nothing). After every step the ranks agree in
 one small all-reduce whether any of them was signalled, so all of them save the same step and
 stop together (:mod:`trainers.core.loop`); the process then exits ``128 + signal``
-(:func:`trainers.spec.preemption.exit_status`).
+(:func:`trainers.torchfree.preemption_signals.exit_status`).
 """
 
 from __future__ import annotations

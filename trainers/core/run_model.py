@@ -20,14 +20,14 @@ from torch import nn
 
 from trainers.core.materialize import allocate
 from trainers.core.model_spec import resolve_spec
-from trainers.spec.checkpoint_files import (
+from trainers.torchfree.checkpoint_files import (
     MANIFEST,
     PREFIX,
     check_format,
     find_checkpoints,
     verify,
 )
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from trainers.core.model_spec import ModelSpec
 from trainers.parallel.checkpointing import apply_activation_checkpointing
-from trainers.spec.config import TrainConfig
+from trainers.torchfree.config import TrainConfig
 
 
 def apply_compile(model: nn.Module, spec: ModelSpec) -> None:

@@ -32,7 +32,7 @@ from trainers.core.loss import cross_entropy
 from trainers.core.model_spec import ModelSpec
 from trainers.core.strategy import Strategy
 from trainers.parallel.pipeline_timeline import TimedStage
-from trainers.spec.config import TrainConfig
+from trainers.torchfree.config import TrainConfig
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
              "interleaved1f1b": ScheduleInterleaved1F1B,

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from trainers.core.model_spec import ModelSpec
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.errors import ConfigError
 
 
 def _move_inputs(device: torch.device) -> Callable:

@@ -12,7 +12,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from trainers.core.model_spec import ModelSpec
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.errors import ConfigError
 
 
 def apply_tensor_parallel(model: nn.Module, spec: ModelSpec, tp_mesh: DeviceMesh,

@@ -24,8 +24,8 @@ from trainers.core.model_spec import build_model, resolve_spec
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.parallel.ddp import DDPStrategy
 from trainers.parallel.fsdp import apply_fsdp
-from trainers.spec.config import parse_config
-from trainers.spec.memory import Layout, predict
+from trainers.torchfree.config import parse_config
+from trainers.torchfree.memory_formulas import Layout, predict
 
 
 def measure_case(sharding: str, name: str, dtype: str, checkpointing: bool) -> dict:

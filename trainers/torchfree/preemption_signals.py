@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.errors import ConfigError
 
 DEFAULT = "SIGTERM,SIGUSR1"
 _UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)

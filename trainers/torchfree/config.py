@@ -5,7 +5,7 @@ is the field's ``help`` metadata. :func:`parse_config` is the single entry point
 trainers (at start-up) and by the TorchX components (before anything is scheduled), so a bad
 argument gets the same one-line :class:`ConfigError` in both places. What differs between
 trainers (the options they own, their own checks) comes from the table of trainers
-(:mod:`trainers.spec.registry`).
+(:mod:`trainers.torchfree.trainer_table`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from trainers.spec.checkpoint_files import check_format, find_checkpoints, saved_manifest
-from trainers.spec.data_source import check_data, check_data_options
-from trainers.spec.errors import ConfigError, MissingPathError
-from trainers.spec.models import MODEL_HELP, model_shape
-from trainers.spec.paths import unwritable_reason
-from trainers.spec.preemption import DEFAULT as PREEMPTION_DEFAULT
-from trainers.spec.preemption import parse_signals
-from trainers.spec.registry import SCHEDULE_STAGES, serving, trainer
-from trainers.spec.shapes import MODEL_SIZES, ModelConfig
-from trainers.spec.token_file import TOKEN_DTYPES
+from trainers.torchfree.checkpoint_files import check_format, find_checkpoints, saved_manifest
+from trainers.torchfree.data_source import check_data, check_data_options
+from trainers.torchfree.errors import ConfigError, MissingPathError
+from trainers.torchfree.model_names import MODEL_HELP, model_shape
+from trainers.torchfree.paths import unwritable_reason
+from trainers.torchfree.preemption_signals import DEFAULT as PREEMPTION_DEFAULT
+from trainers.torchfree.preemption_signals import parse_signals
+from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
+from trainers.torchfree.token_file import TOKEN_DTYPES
+from trainers.torchfree.trainer_table import SCHEDULE_STAGES, serving, trainer
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -340,7 +340,7 @@ def _check_paths(cfg: TrainConfig, shape: ModelConfig) -> None:
 
 def _check_writable(path: Path) -> None:
     """Raise ConfigError unless ``path`` is, or can be created as, a writable directory
-    (decided without writing: :func:`trainers.spec.paths.unwritable_reason`)."""
+    (decided without writing: :func:`trainers.torchfree.paths.unwritable_reason`)."""
     reason = unwritable_reason(path)
     if reason is not None:
         where, why = reason

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainers.spec.errors import ConfigError
-from trainers.spec.memory import Layout
-from trainers.spec.shapes import ModelConfig
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.memory_formulas import Layout
+from trainers.torchfree.shapes import ModelConfig
 
 if TYPE_CHECKING:
-    from trainers.spec.config import TrainConfig
+    from trainers.torchfree.config import TrainConfig
 
 # Pipeline schedules and the stages per rank each runs: one, or two or more (virtual stages).
 SCHEDULE_STAGES = {"gpipe": "one", "1f1b": "one", "interleaved1f1b": "several",

@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.errors import ConfigError
 
 # The layout of a checkpoint's contents; 2: the model and optimizer, the step ("progress") and
 # the data position as separate DCP entries, per-rank state in rank_state<R>.pt; the manifest's

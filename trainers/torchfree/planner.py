@@ -16,12 +16,18 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from trainers.spec.config import TrainConfig
-from trainers.spec.errors import ConfigError
-from trainers.spec.memory import Anatomy, Layout, block_activation_bytes, precision, predict
-from trainers.spec.models import model_shape
-from trainers.spec.registry import TRAINERS, tensor_parallel_sizes
-from trainers.spec.shapes import ModelConfig
+from trainers.torchfree.config import TrainConfig
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.memory_formulas import (
+    Anatomy,
+    Layout,
+    block_activation_bytes,
+    precision,
+    predict,
+)
+from trainers.torchfree.model_names import model_shape
+from trainers.torchfree.shapes import ModelConfig
+from trainers.torchfree.trainer_table import TRAINERS, tensor_parallel_sizes
 
 GIB = 2**30
 # What a process holds besides the training state: the framework, kernels, CUDA context.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.errors import ConfigError
 
 CPU_JOB_CPUS = 2
 CPU_JOB_MEM_MB = 4096

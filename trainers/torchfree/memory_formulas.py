@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainers.spec.shapes import ModelConfig
+from trainers.torchfree.shapes import ModelConfig
 
 FP32 = 4
 BF16 = 2

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainers.spec.errors import ConfigError, MissingPathError
-from trainers.spec.token_file import token_file_writer
-from trainers.spec.tokenizer import TextTokenizer
+from trainers.torchfree.errors import ConfigError, MissingPathError
+from trainers.torchfree.token_file import token_file_writer
+from trainers.torchfree.tokenizer import TextTokenizer
 
 PLAIN_SUFFIXES = (".txt", ".md", ".py")
 TEXT_SUFFIXES = (*PLAIN_SUFFIXES, ".jsonl", ".parquet")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainers.spec.errors import ConfigError, MissingPathError
+from trainers.torchfree.errors import ConfigError, MissingPathError
 
 if TYPE_CHECKING:  # numpy loads when text is encoded: components import this module
     import numpy as np

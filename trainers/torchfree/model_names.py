@@ -1,6 +1,6 @@
 """What ``--model`` names, resolved to shape facts without torch.
 
-``--model`` takes a built-in size (:data:`trainers.spec.shapes.MODEL_SIZES`), ``hf:DIR`` (a
+``--model`` takes a built-in size (:data:`trainers.torchfree.shapes.MODEL_SIZES`), ``hf:DIR`` (a
 Hugging Face causal LM whose ``config.json`` is in the local directory ``DIR``) or
 ``MODULE:ATTR`` (a :class:`trainers.core.model_spec.ModelSpec` named ``ATTR`` in module
 ``MODULE``, importable from the working directory or an installed package). The facts of a
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainers.spec.errors import ConfigError, MissingPathError
-from trainers.spec.shapes import MODEL_SIZES, ModelConfig
+from trainers.torchfree.errors import ConfigError, MissingPathError
+from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
 
 HF_PREFIX = "hf:"
 MODEL_HELP = ("a built-in size (" + ", ".join(MODEL_SIZES) + "), hf:DIR (a Hugging Face causal "

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainers.spec.errors import ConfigError, MissingPathError
+from trainers.torchfree.errors import ConfigError, MissingPathError
 
 if TYPE_CHECKING:  # numpy loads when ids are read or written: components import this module
     import numpy as np

@@ -20,7 +20,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainers.spec.errors import ConfigError
+from trainers.torchfree.errors import ConfigError
 
 ENV_VAR = "TRAINERS_KILL_AT"
 PLACES = ("step", "save", "node")

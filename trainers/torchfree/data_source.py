@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainers.spec.corpus import FIELD_SUFFIXES, check_corpus, resolve_files
-from trainers.spec.errors import ConfigError
-from trainers.spec.token_file import (
+from trainers.torchfree.corpus import FIELD_SUFFIXES, check_corpus, resolve_files
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.token_file import (
     TokenArray,
     check_raw_ids,
     check_token_array,
@@ -32,10 +32,10 @@ from trainers.spec.token_file import (
     raw_tokens,
     read_header,
 )
-from trainers.spec.tokenizer import BYTES, TextTokenizer, check_tokenizer_fits, load_tokenizer
+from trainers.torchfree.tokenizer import BYTES, TextTokenizer, check_tokenizer_fits, load_tokenizer
 
 if TYPE_CHECKING:
-    from trainers.spec.config import TrainConfig
+    from trainers.torchfree.config import TrainConfig
 
 SYNTHETIC, TOKENS, RAW, TEXT = "synthetic", "token file", "raw .bin", "text"
 DEFAULT_TEXT_FIELD = "text"
