@@ -1,5 +1,9 @@
 """Throughput, MFU (fp32, bf16, compiled), scaling, loop overhead, launch cost and the loss's
-memory: every performance target in one run (docs/benchmarks.md)."""
+memory: every performance target in one run (docs/benchmarks.md).
+
+One module of about 310 lines on purpose: the plan, its runs and the report that checks them
+share the ``Plan`` and ``Variant`` types and are read together, top to bottom; the parts other
+benchmarks share live in :mod:`bench.harness`."""
 
 import importlib
 import json
