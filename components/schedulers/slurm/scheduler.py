@@ -20,7 +20,6 @@ from torchx.schedulers.api import AppDryRunInfo, DescribeAppResponse, ListAppRes
 from torchx.specs import AppDef, CfgVal, Role, runopts
 
 from components.schedulers.run_options import StrictRunOptions
-from components.schedulers.slurm import states
 from components.schedulers.slurm.job_dir import (
     make_job_dir,
     new_job_dir,
@@ -36,6 +35,15 @@ from components.schedulers.slurm.options import (
 )
 from components.schedulers.slurm.preflight import preflight
 from components.schedulers.slurm.script import JobRequest, job_request
+from components.schedulers.slurm.states import (
+    describe_accounted,
+    describe_queued,
+    group_attempts,
+    latest,
+    records_state,
+    sacct_jobs,
+    squeue_lines,
+)
 from components.schedulers.slurm.torchx_internals import SlurmSchedulerBase, record_job_dir
 from components.torchx_compat import replace_cfg
 
@@ -48,8 +56,8 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
     and cancelled-job states."""
 
     registered_as = NAME
-    _sacct_jobs = staticmethod(states.sacct_jobs)
-    _squeue = staticmethod(states.squeue_lines)
+    _sacct_jobs = staticmethod(sacct_jobs)
+    _squeue = staticmethod(squeue_lines)
 
     def _run_opts(self) -> runopts:
         return add_run_options(super()._run_opts())
@@ -122,15 +130,15 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
 
     def describe(self, app_id: str) -> DescribeAppResponse | None:
         """The job's state from ``sacct --json``, or from ``squeue`` while accounting does not
-        know it yet (:mod:`components.schedulers.slurm.states`)."""
-        apps = states.group_attempts(self._sacct_jobs("-j", app_id))
+        know it yet (components/schedulers/slurm/states.py)."""
+        apps = group_attempts(self._sacct_jobs("-j", app_id))
         if app_id not in apps:  # accounting may not know a job submitted a moment ago
-            return states.describe_queued(app_id, self._squeue(app_id))
-        return states.describe_accounted(app_id, apps[app_id])
+            return describe_queued(app_id, self._squeue(app_id))
+        return describe_accounted(app_id, apps[app_id])
 
     def list(self, cfg: Mapping[str, CfgVal] | None = None) -> list[ListAppResponse]:
         """Every job slurmdbd knows, one entry per job (not per heterogeneous component);
         ``cfg`` (which TorchX main passes, and 0.7.0 does not) is not needed."""
-        apps = states.group_attempts(self._sacct_jobs("-S1970-01-01-00:00:01"))
-        return [ListAppResponse(app_id=app_id, state=states.records_state(states.latest(a)))
-                for app_id, a in apps.items()]
+        apps = group_attempts(self._sacct_jobs("-S1970-01-01-00:00:01"))
+        return [ListAppResponse(app_id=app_id, state=records_state(latest(attempts)))
+                for app_id, attempts in apps.items()]
