@@ -1,5 +1,5 @@
 """Every component on a real Slurm cluster through ``torchx run -s slurm`` (our extended
-scheduler, components/schedulers/slurm.py): on one node and across two, status, logs,
+scheduler, components/schedulers/slurm/): on one node and across two, status, logs,
 cancel, a failing job, requeue with resume, preemption and time limits (``signal_grace``), and
 the bad options refused before submission.
 
@@ -23,10 +23,8 @@ from pathlib import Path
 import pytest
 from torchx.specs import AppState
 
-from components.schedulers.slurm import (
-    create_scheduler,
-    slurm_user,
-)
+from components.schedulers.slurm import create_scheduler
+from components.schedulers.slurm.preflight import slurm_user
 from tests.integration.test_concurrency import STEPS as CONCURRENT_STEPS
 from tests.integration.test_concurrency import assert_complete
 from tests.support.runs import REPO, assert_same_run

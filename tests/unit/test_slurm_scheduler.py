@@ -1,7 +1,7 @@
-"""The Slurm scheduler's own logic in this process: time limits, Slurm states, a job that
-accounting does not know yet (described from squeue), where ``torchx log`` reads, and what a
-job directory's snapshot of the workspace holds. The jobs on a real cluster are
-tests/system/test_slurm.py."""
+"""The Slurm scheduler's own logic in this process: time limits, Slurm states, a job described
+from accounting and one that accounting does not know yet (described from squeue), the job
+script, where ``torchx log`` reads, and what a job directory's snapshot of the workspace holds.
+The jobs on a real cluster are tests/system/test_slurm.py."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 from torchx.schedulers.api import DescribeAppResponse, Stream
-from torchx.specs import AppState
+from torchx.schedulers.slurm_scheduler import SlurmBatchRequest, SlurmReplicaRequest
+from torchx.specs import AppState, macros
 
 from components.errors import ComponentArgumentError
-from components.schedulers.slurm import (
-    create_scheduler,
-    slurm_state,
-    snapshot_workspace,
-    time_limit_seconds,
-)
+from components.schedulers.slurm import create_scheduler
+from components.schedulers.slurm.job_dir import snapshot_workspace
+from components.schedulers.slurm.options import time_limit_seconds
+from components.schedulers.slurm.script import JobRequest
+from components.schedulers.slurm.states import slurm_state
 from tests.support.runs import REPO
 
 
@@ -45,6 +45,32 @@ def test_time_limit_rejects(value):
 ])
 def test_slurm_states(state, expected):
     assert slurm_state(state) == expected
+
+
+# -- status from accounting: each component at its latest attempt -----------------------------
+
+def _record(offset: int, submitted: int, state: str, code: int = 0) -> dict:
+    """A ``sacct --json`` record of component ``offset`` of heterogeneous job 300 (Slurm
+    >= 23.02's shapes: state lists, ``{"set", "number"}`` integers)."""
+    return {"job_id": 300 + offset, "het": {"job_id": 300, "job_offset": offset},
+            "name": f"ddp-{offset}", "state": {"current": [state]}, "nodes": f"tt-node{offset + 1}",
+            "time": {"submission": {"set": True, "number": submitted}},
+            "exit_code": {"return_code": {"set": True, "number": code}}}
+
+
+def test_job_described_from_accounting_at_its_latest_attempt(monkeypatch):
+    """A job requeued once: the first attempt failed on both components; in the second, one
+    component failed and the other was cancelled, which reads as FAILED."""
+    records = [_record(0, 1, "FAILED", 1), _record(1, 1, "FAILED", 1),
+               _record(0, 2, "FAILED", 1), _record(1, 2, "CANCELLED")]
+    scheduler = create_scheduler("test")
+    monkeypatch.setattr(scheduler, "_sacct_jobs", lambda *args: records)
+    desc = scheduler.describe("300")
+    assert desc is not None and desc.state == AppState.FAILED and desc.num_restarts == 1
+    assert desc.msg == "ddp-0: FAILED (exit 1); ddp-1: CANCELLED"
+    assert [(r.id, r.state, r.hostname) for r in desc.roles_statuses[0].replicas] == [
+        (0, AppState.FAILED, "tt-node1"), (1, AppState.CANCELLED, "tt-node2")]
+    assert [(app.app_id, app.state) for app in scheduler.list()] == [("300", AppState.FAILED)]
 
 
 # -- status right after submission: squeue when accounting does not know the job yet --------
@@ -81,6 +107,46 @@ def test_job_unknown_everywhere_does_not_exist(monkeypatch, squeue):
     monkeypatch.setattr(scheduler, "_sacct_jobs", lambda *args: [])
     monkeypatch.setattr(scheduler, "_squeue", lambda job: squeue)
     assert scheduler.describe("201") is None
+
+
+# -- the job script -------------------------------------------------------------------------
+
+def _job(signal_grace: int | None = None) -> JobRequest:
+    """A two-node job's request as TorchX's dry run makes it (the fields of its dataclasses)."""
+    replicas = {name: SlurmReplicaRequest(
+        name=name, entrypoint="bash", args=["-c", "echo $HOSTNAME"],
+        srun_opts={"output": f"slurm-{macros.app_id}-{name}.out", "wait": "60"},
+        sbatch_opts={"requeue": None, "ntasks-per-node": "1"}, env={"A": "1"})
+        for name in ("ddp-0", "ddp-1")}
+    return JobRequest(cmd=["sbatch", "--parsable"], replicas=replicas, job_dir=None,
+                      max_retries=1, signal_grace=signal_grace)
+
+
+def test_job_script_is_torchx_script_with_attempt_lines():
+    """Without ``signal_grace`` the script is TorchX's own for the same request, plus the lines
+    that mark each attempt in every replica's logs."""
+    job = _job()
+    lines = job.materialize().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith('attempt="==== torchx: job'))
+    assert lines[at + 1] == ('for log in "slurm-$SLURM_JOB_ID-"ddp-0.out "slurm-$SLURM_JOB_ID-"'
+                             'ddp-0.err "slurm-$SLURM_JOB_ID-"ddp-1.out "slurm-$SLURM_JOB_ID-"'
+                             'ddp-1.err; do echo "$attempt" >>"$log"; done\n')
+    assert lines[at + 2] == "\n" and lines[at + 3] == "set +e\n"
+    torchx_script = SlurmBatchRequest(cmd=job.cmd, replicas=job.replicas, job_dir=None,
+                                      max_retries=1).materialize()
+    assert "".join(lines[:at] + lines[at + 3:]) == torchx_script
+
+
+def test_job_script_with_signal_grace_forwards_and_requeues():
+    """With ``signal_grace`` srun runs in the background under the traps, and a signalled job
+    that did not finish requeues itself before TorchX's own retries are considered."""
+    script = _job(signal_grace=120).materialize()
+    order = ["for log in", "trap forward USR1", "set +e\nsrun ", ' &\nsrun_pid=$!',
+             'wait "$srun_pid"\nexitcode=$?\nset -e\n', 'if [ -n "$preempted" ] && ',
+             'echo "job exited with code $exitcode"']
+    positions = [script.index(mark) for mark in order]
+    assert positions == sorted(positions)
+    assert script.count("scontrol requeue") == 2
 
 
 # -- torchx log: stdout by default ------------------------------------------------------------
