@@ -20,7 +20,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from trainers.core.checkpoint import Checkpointer, ModelAndOptimizer, Progress, RankRNG
+from trainers.core.checkpoint import Checkpointer
+from trainers.core.checkpoint_state import ModelAndOptimizer, Progress, RankRNG
 from trainers.core.data import BatchStream, MarkovChainDataset, build_datasets, eval_batches
 from trainers.core.distributed import DistEnv
 from trainers.core.metrics import (
