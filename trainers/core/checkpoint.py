@@ -24,6 +24,7 @@ one extra step to it), and training stalls only where a write takes longer than 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +79,7 @@ class Checkpointer:
 
     ``run_config`` (the run's TrainConfig as a dict) goes into every manifest, so a checkpoint
     alone says how to rebuild its model (``trainers.sample``, ``trainers.export``); so do the
-    ``facts`` the run keeps across attempts (a dict the loop updates; read at each save).
+    facts the run keeps across attempts (what ``facts`` returns, asked at each save).
     ``state`` maps names to the Stateful objects every checkpoint holds (saved through DCP,
     the same on every rank or sharded); ``rank_state`` to those private to each rank (saved per
     rank, restored only at the world size they were saved at).
@@ -89,9 +90,10 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, keep: int, env: DistEnv, run_config: dict[str, Any],
                  state: dict[str, Stateful], rank_state: dict[str, Stateful] | None = None,
-                 kill_at: KillPoint | None = None, facts: dict[str, Any] | None = None) -> None:
+                 kill_at: KillPoint | None = None,
+                 facts: Callable[[], dict[str, Any]] | None = None) -> None:
         self.state = state
-        self.facts = facts if facts is not None else {}
+        self.facts = facts or dict
         self.rank_state = rank_state or {}
         self.run_dir = run_dir
         self.folder = run_dir / CHECKPOINTS
@@ -166,7 +168,7 @@ class Checkpointer:
             return _Write(step, tmp, None, failure or storage.write_failure(err, self.folder))
         manifest = {"format": FORMAT, "step": step, "model": self.run_config["model"],
                     "world_size": self.env.world_size, "config": self.run_config,
-                    "run": dict(self.facts)}
+                    "run": self.facts()}
         written = self._background.submit(_when_written, upload, tmp,
                                           manifest if self.env.is_main else None)
         return _Write(step, tmp, written, failure)
