@@ -11,7 +11,7 @@ import pytest
 from components.ddp import ddp
 from components.errors import ComponentArgumentError
 from tests.support.runs import run_trainer
-from trainers.torchfree.config import model_vocab, parse_config
+from trainers.torchfree.config import TrainConfig, model_vocab, parse_config, validate
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.token_file import write_token_file
 
@@ -26,6 +26,13 @@ def test_defaults_are_valid(tmp_path):
     assert cfg.model == "tiny"
     assert cfg.seq_len == 64  # the tiny model's context
     assert cfg.micro_batch(1) == cfg.batch_size
+
+
+def test_validation_returns_the_resolved_config_and_leaves_its_input_alone():
+    given = TrainConfig(output_dir="")
+    resolved = validate(given, [1], "fsdp", check_paths=False)
+    assert (resolved.seq_len, resolved.output_dir) == (64, str(Path("outputs") / "fsdp"))
+    assert (given.seq_len, given.output_dir) == (0, "")
 
 
 def test_micro_batch_is_global_over_accumulation_and_replicas(tmp_path):

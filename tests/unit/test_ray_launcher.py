@@ -97,13 +97,15 @@ def test_step_hook_sees_every_step_and_the_committed_checkpoints(tmp_path):
     """The loop's on_step hook gets each step's metrics and a checkpoint's directory once it
     is committed: a periodic (asynchronous) one after the next step, the final one at once."""
     from trainers.core.loop import train
+    from trainers.core.model_spec import spec_of
     from trainers.ddp import build
 
     cfg = parse_config([*without(TINY, "--steps"), "--steps", "5", "--checkpoint-every", "2",
                         "--device", "cpu", "--output-dir", str(tmp_path)], "ddp")
     seen: list[tuple[int, float, Path | None]] = []
     with init_distributed(cfg) as env:
-        train(cfg, env, build(cfg, env), on_step=lambda s, m, c: seen.append((s, m["loss"], c)))
+        train(cfg, env, build(cfg, env), spec_of(cfg).shape,
+              on_step=lambda s, m, c: seen.append((s, m["loss"], c)))
     assert [s for s, _, _ in seen] == [1, 2, 3, 4, 5]
     assert {s: loss for s, loss, _ in seen} == losses(tmp_path)
     ckpts = tmp_path / "checkpoints"

@@ -1,8 +1,9 @@
 """What every trainer's ``main`` does: parse, join the process group, build, train.
 
 A trainer supplies only ``build(cfg, env) -> Strategy``: its mesh, and its parallelism applied
-to the model built on the meta device. Bad arguments and errors found while starting exit with
-one line; running out of memory prints the anatomy of the job and what to try next.
+to the model built on the meta device from the model's spec; the loop gets that spec's shape
+facts from here. Bad arguments and errors found while starting exit with one line; running
+out of memory prints the anatomy of the job and what to try next.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from trainers.core.distributed import DistEnv, init_distributed
 from trainers.core.loop import StepHook, train
+from trainers.core.model_spec import spec_of
 from trainers.core.oom import explain_out_of_memory
 from trainers.core.preemption import Notice
 from trainers.core.strategy import Strategy
@@ -52,6 +54,6 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
         if env.is_main:
             write_config(Path(cfg.output_dir),
                          run_record(cfg.to_dict(), name, argv, env.world_size))
-        summary = train(cfg, env, build(cfg, env), on_step, notice)
+        summary = train(cfg, env, build(cfg, env), spec_of(cfg).shape, on_step, notice)
     if summary.get("preempted"):
         raise SystemExit(exit_status(signal.Signals[summary["preempted"]]))

@@ -1,9 +1,11 @@
-"""One typed configuration for every trainer, parsed from the command line and validated here.
+"""One typed configuration for every trainer: its fields, its command line, its resolution.
 
 Every field of :class:`TrainConfig` is a ``--flag`` (underscores become dashes) whose help text
 is the field's ``help`` metadata. :func:`parse_config` is the single entry point used by the
 trainers (at start-up) and by the TorchX components (before anything is scheduled), so a bad
-argument gets the same one-line :class:`ConfigError` in both places. What differs between
+argument gets the same one-line :class:`ConfigError` in both places: it parses, checks
+(:mod:`trainers.torchfree.config_checks`, which change nothing) and returns the config resolved
+(:func:`resolve`: the values the defaults leave open, filled in). What differs between
 trainers (the options they own, their own checks) comes from the table of trainers
 (:mod:`trainers.torchfree.trainer_table`).
 """
@@ -20,21 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from trainers.torchfree.checkpoint_files import check_format, find_checkpoints, saved_manifest
-from trainers.torchfree.data_source import check_data, check_data_options
-from trainers.torchfree.errors import ConfigError, MissingPathError
+from trainers.torchfree import config_checks
+from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.model_names import MODEL_HELP, model_shape
-from trainers.torchfree.paths import unwritable_reason
 from trainers.torchfree.preemption_signals import DEFAULT as PREEMPTION_DEFAULT
-from trainers.torchfree.preemption_signals import parse_signals
-from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
+from trainers.torchfree.shapes import ModelConfig
 from trainers.torchfree.token_file import TOKEN_DTYPES
 from trainers.torchfree.trainer_table import SCHEDULE_STAGES, serving, trainer
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
-
 
 
 @dataclass
@@ -205,147 +203,41 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+def resolve(cfg: TrainConfig, name: str, shape: ModelConfig | None) -> TrainConfig:
+    """A copy of ``cfg`` with what its defaults leave open filled in: ``--seq-len 0`` becomes
+    the context of the model of ``shape`` (unknown: left 0), an empty ``--output-dir``
+    ``outputs/<name>``."""
+    seq_len = cfg.seq_len or (shape.max_seq_len if shape is not None else 0)
+    return dataclasses.replace(cfg, seq_len=seq_len,
+                               output_dir=cfg.output_dir or str(Path("outputs") / name))
+
+
 def validate(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
              check_paths: bool = True) -> TrainConfig:
-    """Check ``cfg`` for trainer ``name`` at every world size the job may run at; fill derived
-    fields.
+    """``cfg`` resolved (:func:`resolve`) for trainer ``name`` after every check of
+    :mod:`trainers.torchfree.config_checks` at every world size the job may run at; ``cfg``
+    itself is left as given.
 
     ``check_paths`` also checks the data file, the output directory and ``--resume`` on this
-    machine (a component submitting to a cluster may not see them).
+    machine (a component submitting to a cluster may not see them); a model in files
+    (``hf:DIR``, ``MODULE:ATTR``) is read only then.
 
     Raises :class:`ConfigError` with a one-line message naming the fix.
     """
-    for option in ("steps", "batch_size", "grad_accum", "train_samples", "val_samples",
-                   "eval_batches", "log_every", "keep_checkpoints", "prefetch_factor"):
-        if getattr(cfg, option) <= 0:
-            raise ConfigError(f"--{option.replace('_', '-')} must be positive, "
-                              f"got {getattr(cfg, option)}")
-    for option in ("seq_len", "warmup_steps", "eval_every", "checkpoint_every", "num_workers"):
-        if getattr(cfg, option) < 0:
-            raise ConfigError(f"--{option.replace('_', '-')} must be >= 0, "
-                              f"got {getattr(cfg, option)}")
-    if cfg.lr <= 0:
-        raise ConfigError(f"--lr must be positive, got {cfg.lr}")
-    for option in ("grad_clip", "weight_decay", "peak_tflops"):
-        if getattr(cfg, option) < 0:
-            raise ConfigError(f"--{option.replace('_', '-')} must be >= 0, "
-                              f"got {getattr(cfg, option)}")
-    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
-        raise ConfigError(f"--min-lr-ratio must be in [0, 1], got {cfg.min_lr_ratio}")
-    if not 0.0 <= cfg.dropout < 1.0:
-        raise ConfigError(f"--dropout must be in [0, 1), got {cfg.dropout}")
-    if cfg.attention_window <= 0:
-        raise ConfigError(f"--attention-window must be positive, got {cfg.attention_window}; "
-                          "pass the keys each query sees, e.g. --attention-window 256")
-    if cfg.attention_window != TrainConfig.attention_window and cfg.attention != "sliding_window":
-        raise ConfigError(f"--attention-window is used only by --attention sliding_window, not "
-                          f"{cfg.attention}; pass --attention sliding_window or drop the window")
-    if cfg.dropout > 0 and cfg.attention != "sdpa":
-        raise ConfigError(f"--dropout {cfg.dropout} needs --attention sdpa (the only one with "
-                          "attention dropout); pass --dropout 0 or --attention sdpa")
-    if not 0.0 < cfg.val_fraction < 1.0:
-        raise ConfigError(f"--val-fraction must be in (0, 1), got {cfg.val_fraction}")
-    parse_signals(cfg.preemption_signals)
-    check_data_options(cfg)
-    # A model in files (hf:DIR, MODULE:ATTR) is read only where the paths are checked.
+    config_checks.check_options(cfg)
     shape = model_shape(cfg.model, load=check_paths)
     if shape is not None:
-        context = shape.max_seq_len
-        if cfg.seq_len > context:
-            raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the {cfg.model} model's context "
-                              f"of {context}; pass --seq-len <= {context}")
-        if cfg.seq_len == 0:
-            cfg.seq_len = context
-        _check_model_options(cfg)
-    entry = trainer(name)
-    _check_trainer_options(cfg, name)
-    if cfg.tp < 1 or cfg.pp < 1 or cfg.dp < 0:
-        raise ConfigError(f"--tp and --pp must be >= 1 and --dp >= 0, got --tp {cfg.tp} "
-                          f"--pp {cfg.pp} --dp {cfg.dp}")
-    if not world_sizes:
-        raise ConfigError("no world size given")
-    for world in world_sizes:
-        for flag, degree in (("--tp", cfg.tp), ("--pp", cfg.pp)):
-            if world % degree:
-                raise ConfigError(f"{flag} {degree} does not divide the world size {world}; "
-                                  f"pass a {flag} that divides the number of ranks")
-        dp = cfg.dp_size(world)
-        if dp * cfg.tp * cfg.pp != world:
-            model = f"--tp {cfg.tp}" if cfg.pp == 1 else f"--pp {cfg.pp}"
-            raise ConfigError(f"--dp {cfg.dp} x {model} != world size {world}; pass "
-                              f"--dp {world // (cfg.tp * cfg.pp)} or --dp 0")
-        if cfg.batch_size % (cfg.grad_accum * dp):
-            raise ConfigError(
-                f"--batch-size {cfg.batch_size} is not divisible by --grad-accum {cfg.grad_accum} "
-                f"x data-parallel size {dp}; pass a multiple of {cfg.grad_accum * dp}")
-        if entry.check is not None:
-            entry.check(cfg, world, shape)
-    if not cfg.output_dir:
-        cfg.output_dir = str(Path("outputs") / name)
+        config_checks.check_model_fit(cfg, shape)
+    resolved = resolve(cfg, name, shape)
+    config_checks.check_job(resolved, world_sizes, name, shape)
     if check_paths:
-        _check_paths(cfg, shape)
-    return cfg
-
-
-def _check_model_options(cfg: TrainConfig) -> None:
-    """Options the model cannot honour: the attention choice and dropout exist only in the
-    built-in families."""
-    if cfg.model in MODEL_SIZES:
-        return
-    defaults = TrainConfig()
-    for option in ("attention", "attention_window", "dropout"):
-        if getattr(cfg, option) != getattr(defaults, option):
-            flag = "--" + option.replace("_", "-")
-            raise ConfigError(f"{flag} applies to the built-in models only; --model {cfg.model} "
-                              f"defines its own layers, so drop {flag}")
+        config_checks.check_paths(resolved, shape)
+    return resolved
 
 
 def model_vocab(cfg: TrainConfig) -> int:
     """The vocabulary size of the model ``cfg`` trains: every data check asks here."""
     return model_shape(cfg.model).vocab_size
-
-
-def _check_trainer_options(cfg: TrainConfig, name: str) -> None:
-    """No option another trainer owns is set away from its default."""
-    defaults = TrainConfig()
-    for f in dataclasses.fields(TrainConfig):
-        owners = serving(f.name)
-        if owners and name not in owners and getattr(cfg, f.name) != getattr(defaults, f.name):
-            flag = "--" + f.name.replace("_", "-")
-            raise ConfigError(f"{flag} is not served by trainers.{name}; use "
-                              + " or ".join(f"trainers.{t}" for t in owners) + f" or drop {flag}")
-
-
-def _check_paths(cfg: TrainConfig, shape: ModelConfig) -> None:
-    _check_writable(Path(cfg.output_dir))
-    check_data(cfg, shape.vocab_size)
-    if cfg.resume == "none":
-        if find_checkpoints(Path(cfg.output_dir) / "checkpoints"):
-            raise ConfigError(f"--resume none, but {cfg.output_dir} already holds checkpoints; "
-                              "pass --resume auto or a new --output-dir")
-        return
-    source = Path(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
-    if cfg.resume != "auto" and not find_checkpoints(source):
-        raise MissingPathError(f"--resume {cfg.resume}: no checkpoint there; pass a run directory "
-                          "holding checkpoints/step_*, a step_* directory, auto or none")
-    manifest = saved_manifest(source)
-    if manifest is None:
-        return
-    check_format(source, manifest)
-    saved = manifest.get("model")
-    if saved != cfg.model:
-        raise ConfigError(f"{source} holds a --model {saved} checkpoint, not {cfg.model}; pass "
-                          f"--model {saved}, another --output-dir or --resume none")
-
-
-def _check_writable(path: Path) -> None:
-    """Raise ConfigError unless ``path`` is, or can be created as, a writable directory
-    (decided without writing: :func:`trainers.torchfree.paths.unwritable_reason`)."""
-    reason = unwritable_reason(path)
-    if reason is not None:
-        where, why = reason
-        raise ConfigError(f"--output-dir {path}: {where} cannot be written ({why}); pass a "
-                          "writable path")
 
 
 def parse_config(argv: Sequence[str] | None, name: str,

@@ -1,0 +1,67 @@
+"""What a checkpoint holds: the run's state as ``Stateful`` objects, registered once with
+:class:`trainers.core.checkpoint.Checkpointer`.
+
+The model and optimizer (:class:`ModelAndOptimizer`) and the step (:class:`Progress`) go
+through DCP, sharded or not, so a checkpoint resumes at another world size; each rank's RNG
+(:class:`RankRNG`) is private to its rank and restored at the same world size only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+
+# Optimizer state and hyper-parameters keyed by parameter name: ranks holding different
+# parameters (pipeline stages) then never write the same key with different contents.
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class ModelAndOptimizer(Stateful):
+    """Model and optimizer through DCP's state-dict API (sharded, keyed by parameter name)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"], options=_OPTIONS)
+
+
+class Progress(Stateful):
+    """The optimizer steps a run has taken."""
+
+    def __init__(self, step: int = 0) -> None:
+        self.step = step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+class RankRNG(Stateful):
+    """This process's torch (and CUDA) RNG: dropout's stream, one per rank."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
