@@ -18,7 +18,7 @@ from trainers.core.checkpoint import (
     find_checkpoints,
     verify,
 )
-from trainers.core.model_spec import build_model
+from trainers.models import build_model
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError
 

@@ -15,7 +15,10 @@ from tests.support.runs import REPO, child_env
 from trainers.torchfree.trainer_table import TRAINERS
 
 # Layers from the bottom up; a module may import its own layer and the ones below it.
-LAYERS = ["trainers.torchfree", "trainers.core", "trainers.parallel", "trainers"]
+# trainers.models (the model protocol, registry and families) sits under core and parallel,
+# which build models from it; it imports only torch and the torch-free layer.
+LAYERS = ["trainers.torchfree", "trainers.models", "trainers.core", "trainers.parallel",
+          "trainers"]
 
 
 def _layer(module: str) -> int:
