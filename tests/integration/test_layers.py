@@ -46,6 +46,19 @@ def test_imports_point_down(path: Path):
     assert not upward, f"{module} imports from a layer above it: {upward}"
 
 
+def test_the_model_protocol_is_a_leaf_and_no_family_is_imported_by_the_registry():
+    """Families import the protocol and the registry, which find them by name: no circle."""
+    from trainers.models.registry import BUILTIN_FAMILIES
+
+    models = REPO / "trainers" / "models"
+    allowed = {"protocol.py": set(), "registry.py": {"trainers.models.protocol"},
+               "__init__.py": {f"trainers.models.{p.stem}" for p in models.glob("*.py")}
+               - set(BUILTIN_FAMILIES.values())}
+    for name, inside in allowed.items():
+        imported = {n for n in _imports(models / name) if not n.startswith("trainers.torchfree")}
+        assert imported <= inside, f"trainers/models/{name} imports {imported - inside}"
+
+
 def test_the_spec_layer_and_the_components_import_no_torch():
     """What `torchx run` imports to validate and submit a job: no torch."""
     modules = [f"trainers.torchfree.{p.stem}" for p in (REPO / "trainers/torchfree").glob("*.py")]
