@@ -14,7 +14,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from bench import harness
 from bench.harness import human, progress
-from trainers.core.attention import TILE, attention_fn
+from trainers.models.attention import TILE, attention_fn
 
 IMPLEMENTATIONS = ("sdpa", "naive", "tiled")  # sdpa first: the reference for the others
 MARKERS = {"sdpa": "s", "naive": "o", "tiled": "^"}

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from bench.harness import THREADS, write_rank
 from trainers.core.data import MarkovChainDataset
-from trainers.core.model_spec import build_model
+from trainers.models import build_model
 from trainers.torchfree.shapes import MODEL_SIZES
 
 SEED = 1234  # the trainer's default --seed

@@ -33,7 +33,7 @@ class Plan:
 
 def measure(cfg: Any, env: Any, build: Callable[[Any, Any], Any]) -> dict[str, Any]:
     """One rank (:func:`bench.harness.serve_rank`): the peak RSS around the trainer's build."""
-    from trainers.core.model_spec import spec_of
+    from trainers.models import spec_of
 
     sizes = [p.numel() * p.element_size() for p in spec_of(cfg).meta_model().parameters()]
     before, start = peak_memory_bytes(HOST), time.perf_counter()

@@ -100,7 +100,7 @@ def measure(cfg: Any, env: Any, build: Callable[[Any, Any], Any]) -> dict[str, A
 def memory_expectations(model: str, nproc: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Bytes per rank and formula for every variant and category; the model's P, T, R, padding.
     FSDP2 splits dim 0 into ``nproc`` chunks of ceil(d0 / nproc) rows, padding every shard."""
-    from trainers.core.model_spec import resolve_spec
+    from trainers.models import resolve_spec
 
     cfg = MODEL_SIZES[model]
     p, shapes = cfg.num_params(), [q.shape for q in resolve_spec(model).meta_model().parameters()]

@@ -11,9 +11,8 @@ from collections.abc import Sequence
 
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
-from trainers.core.materialize import materialize
-from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
+from trainers.models import materialize, spec_of
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.ddp import DDPStrategy
 from trainers.torchfree.config import TrainConfig

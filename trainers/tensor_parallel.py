@@ -15,9 +15,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
-from trainers.core.materialize import materialize
-from trainers.core.model_spec import spec_of
 from trainers.core.strategy import Strategy
+from trainers.models import materialize, spec_of
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
 from trainers.parallel.tensor_parallel import apply_tensor_parallel

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.core.model_spec import ModelSpec, normal_init
+from trainers.models import ModelSpec, normal_init
 from trainers.torchfree.shapes import ModelConfig
 
 

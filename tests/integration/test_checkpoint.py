@@ -12,7 +12,7 @@ import torch
 from tests.support.runs import TINY, losses, run_trainer, without
 from trainers.core.checkpoint import Checkpointer
 from trainers.core.checkpoint_state import ModelAndOptimizer, Progress, RankRNG
-from trainers.core.model_spec import build_model
+from trainers.models import build_model
 from trainers.torchfree.checkpoint_files import find_checkpoints, verify
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError

@@ -16,7 +16,7 @@ import torch
 
 from tests.support.runs import TINY, assert_close, losses, run_trainer
 from trainers.core.metrics import bf16_matmul_hardware
-from trainers.core.model_spec import resolve_spec
+from trainers.models import resolve_spec
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.parallel.compile import apply_compile
 

@@ -47,7 +47,7 @@ def test_hf_model_on_a_jsonl_directory_with_a_trained_tokenizer(tmp_path):
     """``hf:DIR`` + a directory of .jsonl files + a tokenizer.json trained on them, through
     ``torchx run -s local_cwd`` under fsdp; then sampling from the run decodes through it."""
     pytest.importorskip("transformers")
-    from trainers.core.hf_model import tiny_llama_config
+    from trainers.models.huggingface import tiny_llama_config
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -253,7 +253,7 @@ def bad_data_files(tmp: Path) -> None:
     from tokenizers import Tokenizer, models
 
     Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")).save(str(tmp / "big.json"))
-    from trainers.core.hf_model import tiny_llama_config
+    from trainers.models.huggingface import tiny_llama_config
 
     tiny_llama_config(tmp / "hf")
 

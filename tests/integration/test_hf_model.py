@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.support.runs import assert_close, losses, run_trainer
-from trainers.core.hf_model import tiny_llama_config
-from trainers.core.model_spec import build_model
+from trainers.models import build_model
+from trainers.models.huggingface import tiny_llama_config
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError
 

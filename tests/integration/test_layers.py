@@ -15,7 +15,10 @@ from tests.support.runs import REPO, child_env
 from trainers.torchfree.trainer_table import TRAINERS
 
 # Layers from the bottom up; a module may import its own layer and the ones below it.
-LAYERS = ["trainers.torchfree", "trainers.core", "trainers.parallel", "trainers"]
+# trainers.models (the model protocol, registry and families) sits under core and parallel,
+# which build models from it; it imports only torch and the torch-free layer.
+LAYERS = ["trainers.torchfree", "trainers.models", "trainers.core", "trainers.parallel",
+          "trainers"]
 
 
 def _layer(module: str) -> int:
@@ -41,6 +44,19 @@ def test_imports_point_down(path: Path):
     module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
     upward = [name for name in _imports(path) if _layer(name) > _layer(module)]
     assert not upward, f"{module} imports from a layer above it: {upward}"
+
+
+def test_the_model_protocol_is_a_leaf_and_no_family_is_imported_by_the_registry():
+    """Families import the protocol and the registry, which find them by name: no circle."""
+    from trainers.models.registry import BUILTIN_FAMILIES
+
+    models = REPO / "trainers" / "models"
+    allowed = {"protocol.py": set(), "registry.py": {"trainers.models.protocol"},
+               "__init__.py": {f"trainers.models.{p.stem}" for p in models.glob("*.py")}
+               - set(BUILTIN_FAMILIES.values())}
+    for name, inside in allowed.items():
+        imported = {n for n in _imports(models / name) if not n.startswith("trainers.torchfree")}
+        assert imported <= inside, f"trainers/models/{name} imports {imported - inside}"
 
 
 def test_the_spec_layer_and_the_components_import_no_torch():

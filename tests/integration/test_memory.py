@@ -13,7 +13,7 @@ import torch
 from bench.memory_probe import measure_step
 from tests.support.runs import REPO, child_env
 from trainers.core.loop import build_optimizer
-from trainers.core.model_spec import build_model, resolve_spec
+from trainers.models import build_model, resolve_spec
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.memory_formulas import Layout, anatomy_table, predict

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from trainers.core.attention import (
+from trainers.models import build_model
+from trainers.models.attention import (
     ATTENTIONS,
     attention_fn,
     linear,
@@ -21,8 +22,7 @@ from trainers.core.attention import (
     sliding_window,
     tiled,
 )
-from trainers.core.model import Attention
-from trainers.core.model_spec import build_model
+from trainers.models.gpt import Attention
 from trainers.torchfree.config import TrainConfig, build_parser, parse_config
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.shapes import MODEL_SIZES

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainers.core.model_spec import build_model, resolve_spec
+from trainers.models import build_model, resolve_spec
 from trainers.torchfree.shapes import MODEL_SIZES
 
 
@@ -68,7 +68,7 @@ def test_initial_loss_is_near_uniform():
 def test_weights_come_from_the_seed_and_the_name_alone():
     """Built on the meta device and materialized, a part of the model (a pipeline stage, with
     activation checkpointing) gets exactly the whole model's weights of the same names."""
-    from trainers.core.materialize import materialize
+    from trainers.models import materialize
     from trainers.parallel.checkpointing import apply_activation_checkpointing
     from trainers.parallel.pipeline import split_stage
 

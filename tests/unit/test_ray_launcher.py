@@ -97,8 +97,8 @@ def test_step_hook_sees_every_step_and_the_committed_checkpoints(tmp_path):
     """The loop's on_step hook gets each step's metrics and a checkpoint's directory once it
     is committed: a periodic (asynchronous) one after the next step, the final one at once."""
     from trainers.core.loop import train
-    from trainers.core.model_spec import spec_of
     from trainers.ddp import build
+    from trainers.models import spec_of
 
     cfg = parse_config([*without(TINY, "--steps"), "--steps", "5", "--checkpoint-every", "2",
                         "--device", "cpu", "--output-dir", str(tmp_path)], "ddp")

@@ -18,10 +18,10 @@ import torch
 
 from trainers.core.distributed import DistEnv, init_distributed
 from trainers.core.loop import StepHook, train
-from trainers.core.model_spec import spec_of
 from trainers.core.oom import explain_out_of_memory
 from trainers.core.preemption import Notice
 from trainers.core.strategy import Strategy
+from trainers.models import spec_of
 from trainers.torchfree.config import TrainConfig, exit_on_config_error, parse_or_exit
 from trainers.torchfree.preemption_signals import exit_status
 from trainers.torchfree.run_record import run_record, write_config

@@ -18,8 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from trainers.core.materialize import allocate
-from trainers.core.model_spec import resolve_spec
+from trainers.models import allocate, resolve_spec
 from trainers.torchfree.checkpoint_files import (
     MANIFEST,
     PREFIX,

@@ -8,7 +8,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 
-from trainers.core.model_spec import ModelSpec
+from trainers.models import ModelSpec
 
 
 def apply_activation_checkpointing(model: nn.Module, spec: ModelSpec) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainers.core.model_spec import ModelSpec
+from trainers.models import ModelSpec
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.torchfree.config import TrainConfig
 

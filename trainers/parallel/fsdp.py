@@ -16,8 +16,8 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from trainers.core.model_spec import ModelSpec
 from trainers.core.strategy import Strategy
+from trainers.models import ModelSpec
 
 
 def apply_fsdp(model: nn.Module, spec: ModelSpec, dp_mesh: DeviceMesh,

@@ -29,8 +29,8 @@ from torch.distributed.pipelining import (
 
 from trainers.core.data import Batch
 from trainers.core.loss import cross_entropy
-from trainers.core.model_spec import ModelSpec
 from trainers.core.strategy import Strategy
+from trainers.models import ModelSpec
 from trainers.parallel.pipeline_timeline import TimedStage
 from trainers.torchfree.config import TrainConfig
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from trainers.core.model_spec import ModelSpec
+from trainers.models import ModelSpec
 from trainers.torchfree.errors import ConfigError
 
 
@@ -25,7 +25,7 @@ def spread_over(model: nn.Module, spec: ModelSpec, devices: Sequence[torch.devic
     runs where that weight lives. Each placed module moves its inputs to its device, and the
     model returns its logits on the first device. The model keeps its own parameter names (so a
     checkpoint's keys are those of every other trainer); the parameters are allocated, not yet
-    initialized (:func:`trainers.core.materialize.materialize` with no device fills them in
+    initialized (:func:`trainers.models.materialize` with no device fills them in
     place)."""
     blocks = [block for _, block in spec.named_blocks(model)]
     per_device = -(-len(blocks) // len(devices))  # ceil

@@ -11,7 +11,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from trainers.core.model_spec import ModelSpec
+from trainers.models import ModelSpec
 from trainers.torchfree.errors import ConfigError
 
 

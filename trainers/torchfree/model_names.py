@@ -2,7 +2,7 @@
 
 ``--model`` takes a built-in size (:data:`trainers.torchfree.shapes.MODEL_SIZES`), ``hf:DIR`` (a
 Hugging Face causal LM whose ``config.json`` is in the local directory ``DIR``) or
-``MODULE:ATTR`` (a :class:`trainers.core.model_spec.ModelSpec` named ``ATTR`` in module
+``MODULE:ATTR`` (a :class:`trainers.models.ModelSpec` named ``ATTR`` in module
 ``MODULE``, importable from the working directory or an installed package). The facts of a
 built-in or ``hf:`` model are read without torch; a ``MODULE:ATTR`` spec is user code and is
 imported to read its facts.
@@ -25,6 +25,8 @@ MODEL_HELP = ("a built-in size (" + ", ".join(MODEL_SIZES) + "), hf:DIR (a Huggi
               "LM's local directory) or MODULE:ATTR (a ModelSpec)")
 # Hugging Face model types built like the llama family (RMSNorm, rotary, SwiGLU, GQA).
 HF_LLAMA_TYPES = ("llama", "mistral", "qwen2")
+# How the class names in a config.json's architectures of a causal LM end.
+CAUSAL_LM_CLASSES = ("ForCausalLM", "LMHeadModel")
 
 
 def model_kind(name: str) -> str:
@@ -51,15 +53,26 @@ def hf_directory(name: str) -> Path:
 
 def hf_shape(name: str) -> ModelConfig:
     """Shape facts from ``hf:DIR``'s config.json: exact for llama-type models, else estimated
-    from the transformer's widths (12 L d^2 plus embeddings)."""
-    path = hf_directory(name) / "config.json"
+    from the transformer's widths (12 L d^2 plus embeddings). ConfigError (one line) for a
+    config.json that is not a causal LM's or a safetensors file there that is not whole."""
+    folder = hf_directory(name)
+    path = folder / "config.json"
     try:
         config: dict[str, Any] = json.loads(path.read_text())
+        check_causal_lm(config)
         d, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
         heads, vocab = int(config["num_attention_heads"]), int(config["vocab_size"])
     except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"--model {name}: {path} is not a causal LM config ({err}); pass a "
-                          "directory saved by transformers' save_pretrained") from None
+        raise ConfigError(f"--model {name}: {path} is not a causal LM config ({err}); pass the "
+                          "directory of a causal LM saved by transformers' save_pretrained (its "
+                          "architectures end in ForCausalLM)") from None
+    for weights in sorted(folder.glob("*.safetensors")):
+        try:
+            check_safetensors(weights)
+        except ValueError as err:
+            raise ConfigError(f"--model {name}: {weights} is not a readable safetensors file "
+                              f"({err}); copy or save it again with save_pretrained, or pass a "
+                              "directory without it to start from the initialization") from None
     context = int(config.get("max_position_embeddings", 2048))
     tied = bool(config.get("tie_word_embeddings", False))
     common = {"vocab_size": vocab, "n_layers": layers, "n_heads": heads, "d_model": d,
@@ -74,6 +87,41 @@ def hf_shape(name: str) -> ModelConfig:
                            norm_eps=float(config.get("rms_norm_eps", 1e-6)))
     estimate = 12 * layers * d * d + (1 if tied else 2) * vocab * d
     return ModelConfig(**common, family=str(config.get("model_type", "hf")), params=estimate)
+
+
+def check_causal_lm(config: dict[str, Any]) -> None:
+    """ValueError unless the Hugging Face ``config`` is a causal LM's: its ``architectures``
+    (when given) name one (``...ForCausalLM``, ``...LMHeadModel``) and it is not an
+    encoder-decoder."""
+    architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str)
+                                                       for a in architectures):
+        raise ValueError(f"architectures {architectures!r} is not a list of class names")
+    if architectures and not any(a.endswith(CAUSAL_LM_CLASSES) for a in architectures):
+        raise ValueError(f"it describes a {', '.join(architectures)}")
+    if config.get("is_encoder_decoder"):
+        raise ValueError(f"it describes an encoder-decoder {config.get('model_type', 'model')}")
+
+
+def check_safetensors(path: Path) -> None:
+    """ValueError unless ``path`` is a whole safetensors file: an 8-byte little-endian header
+    length, that many bytes of JSON naming each tensor's ``data_offsets``, then exactly the
+    bytes those offsets span."""
+    size = path.stat().st_size
+    with path.open("rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        if size < 8 or 8 + length > size:
+            raise ValueError(f"its header length {length:,} runs past the file's {size:,} bytes")
+        try:
+            header = json.loads(file.read(length))
+            ends = [int(entry["data_offsets"][1]) for key, entry in header.items()
+                    if key != "__metadata__"]
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
+            raise ValueError(f"its header is not safetensors JSON: {err}") from None
+    data = size - 8 - length
+    if max(ends, default=0) != data:
+        raise ValueError(f"its header spans {max(ends, default=0):,} bytes of tensors, the file "
+                         f"holds {data:,}")
 
 
 def import_spec(name: str) -> Any:
@@ -93,7 +141,7 @@ def import_spec(name: str) -> Any:
     if not isinstance(getattr(spec, "shape", None), ModelConfig) or not callable(
             getattr(spec, "build", None)):
         raise ConfigError(f"--model {name}: {module_name}.{attr} is not a model spec; define "
-                          f"{attr} = trainers.core.model_spec.ModelSpec(...) in {module_name}")
+                          f"{attr} = trainers.models.ModelSpec(...) in {module_name}")
     return spec
 
 

@@ -33,7 +33,7 @@ class ModelConfig:
     d_model: int
     max_seq_len: int
     dropout: float = 0.0
-    # Attention implementation (a name in trainers.core.attention.ATTENTIONS) and, for
+    # Attention implementation (a name in trainers.models.attention.ATTENTIONS) and, for
     # sliding_window, the keys each query sees (its own included). Neither changes the shape.
     attention: str = "sdpa"
     attention_window: int = 256

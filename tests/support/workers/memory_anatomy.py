@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from bench.memory_probe import measure_step
 from trainers.core.distributed import DistEnv, leave_process_group
 from trainers.core.loop import build_optimizer
-from trainers.core.model_spec import build_model, resolve_spec
+from trainers.models import build_model, resolve_spec
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.parallel.ddp import DDPStrategy
 from trainers.parallel.fsdp import apply_fsdp

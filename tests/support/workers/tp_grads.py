@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from trainers.core.distributed import leave_process_group
-from trainers.core.model_spec import build_model, resolve_spec
+from trainers.models import build_model, resolve_spec
 from trainers.parallel.tensor_parallel import apply_tensor_parallel
 
 

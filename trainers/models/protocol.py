@@ -10,7 +10,7 @@ Every trainer (ddp, fsdp, tensor_parallel, pipeline, model_parallel) and Ray Tra
 * ``blocks``: the dotted path of the ``ModuleDict``/``ModuleList`` of repeated blocks (FSDP
   units, activation checkpointing, pipeline stages, devices of the model-parallel spread);
 * ``init_parameter(name, value, generator)``: fill the whole parameter ``name`` in place with
-  its initial value (see :mod:`trainers.core.materialize`); ``shared_parameters``: parameters
+  its initial value (see :mod:`trainers.models.weights`); ``shared_parameters``: parameters
   that are another one under a second name (a tied head), mapped to that one's name;
   ``init_buffers(model)`` (optional): fill the buffers of the allocated model (rotary tables);
 * ``tp_plan(sequence_parallel)`` (optional): one block's tensor-parallel plan, submodule path
@@ -19,9 +19,8 @@ Every trainer (ddp, fsdp, tensor_parallel, pipeline, model_parallel) and Ray Tra
   last (output side) pipeline stage hold. With ``shape.pipeline`` the model's forward skips
   the ones set to None and then takes or returns hidden states (a stage of the model).
 
-Built-in families: :func:`trainers.core.model.gpt_spec` and :func:`trainers.core.llama.llama_spec`;
-``hf:DIR``: :func:`trainers.core.hf_model.hf_spec`; a user's spec: ``MODULE:ATTR``
-(``examples/custom_model`` is a worked example).
+This module is the leaf of :mod:`trainers.models`: it imports torch and the torch-free layer
+only. The families that make specs register in :mod:`trainers.models.registry`.
 """
 
 from __future__ import annotations
@@ -33,10 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from trainers.torchfree.config import TrainConfig
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.model_names import hf_shape, import_spec, model_kind
-from trainers.torchfree.shapes import FAMILIES, MODEL_SIZES, ModelConfig
+from trainers.torchfree.shapes import FAMILIES, ModelConfig
 
 ParameterInit = Callable[[str, torch.Tensor, torch.Generator], None]
 TensorParallelPlan = Callable[[bool], dict[str, object]]
@@ -83,62 +79,3 @@ class ModelSpec:
 def counted_params(spec: ModelSpec) -> int:
     """The parameter count of ``spec``'s model, built on the meta device (shared ones once)."""
     return sum(p.numel() for p in spec.meta_model().parameters())
-
-
-def normal_init(std: float) -> ParameterInit:
-    """N(0, std) for matrices and embeddings, 1 for norm weights and 0 for biases: a
-    reasonable ``init_parameter`` for a model of linear layers, embeddings and norms."""
-    def init(name: str, value: torch.Tensor, generator: torch.Generator) -> None:
-        if value.dim() >= 2:
-            value.normal_(mean=0.0, std=std, generator=generator)
-        else:
-            value.fill_(0.0 if name.endswith("bias") else 1.0)
-    return init
-
-
-def builtin_spec(shape: ModelConfig) -> ModelSpec:
-    """The spec of a built-in family's model of ``shape``."""
-    if shape.family == "llama":
-        from trainers.core.llama import llama_spec
-        return llama_spec(shape)
-    from trainers.core.model import gpt_spec
-    return gpt_spec(shape)
-
-
-def resolve_spec(name: str, dropout: float = 0.0, attention: str = "sdpa",
-                 attention_window: int = 256) -> ModelSpec:
-    """The spec ``--model name`` names; the built-in families take the dropout and attention
-    options. ConfigError (one line) when it cannot be resolved."""
-    kind = model_kind(name)
-    if kind == "builtin":
-        return builtin_spec(dataclasses.replace(
-            MODEL_SIZES[name], dropout=dropout, attention=attention,
-            attention_window=attention_window))
-    if kind == "hf":
-        from trainers.core.hf_model import hf_spec
-        return hf_spec(name, hf_shape(name))
-    spec = import_spec(name)
-    if not isinstance(spec, ModelSpec):
-        raise ConfigError(f"--model {name}: {type(spec).__name__} is not a ModelSpec; build it "
-                          "with trainers.core.model_spec.ModelSpec(...)")
-    return spec
-
-
-def spec_of(cfg: TrainConfig) -> ModelSpec:
-    """The spec of the model ``cfg`` trains."""
-    return resolve_spec(cfg.model, cfg.dropout, cfg.attention, cfg.attention_window)
-
-
-def build_model(name: str, dropout: float = 0.0, attention: str = "sdpa",
-                attention_window: int = 256, seed: int | None = None,
-                device: torch.device | str = "cpu") -> nn.Module:
-    """The model ``--model name`` names, built on the meta device and materialized on
-    ``device`` with the weights every trainer gives it for ``seed`` (default: the seed torch
-    was last seeded with); see :mod:`trainers.core.materialize`. Raises ValueError for an
-    unknown attention, a window < 1, or dropout > 0 with an attention other than ``sdpa``."""
-    from trainers.core.materialize import materialize
-    spec = resolve_spec(name, dropout, attention, attention_window)
-    model = spec.meta_model()
-    materialize(model, torch.device(device), torch.initial_seed() if seed is None else seed,
-                spec)
-    return model

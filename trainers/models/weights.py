@@ -8,25 +8,25 @@ the parameter's name, generating the whole tensor and keeping this rank's shard,
 at a time: a rank's memory at the end of setup is its shards plus the largest parameter, and
 every rank of every trainer agrees with the single-process model.
 
-The model's spec (:class:`trainers.core.model_spec.ModelSpec`) supplies
+The model's spec (:class:`trainers.models.protocol.ModelSpec`) supplies
 ``init_parameter(name, value, generator)`` (fill the whole parameter ``name`` in place) and
 ``shared_parameters`` (names that alias another parameter, as a tied head does, mapped to that
-one's name) and, for a model with buffers, ``init_buffers(model)``.
+one's name) and, for a model with buffers, ``init_buffers(model)``. :func:`build_model` is the
+whole path for one process: ``--model`` name -> spec -> meta model -> weights on a device.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-if TYPE_CHECKING:
-    from trainers.core.model_spec import ModelSpec
+from trainers.models.protocol import ModelSpec
+from trainers.models.registry import resolve_spec
 
 
 def parameter_name(name: str, shared: Mapping[str, str]) -> str:
@@ -92,3 +92,17 @@ def materialize(model: nn.Module, device: torch.device | None, seed: int,
         del whole
     if spec.init_buffers is not None:
         spec.init_buffers(model)
+
+
+def build_model(name: str, dropout: float = 0.0, attention: str = "sdpa",
+                attention_window: int = 256, seed: int | None = None,
+                device: torch.device | str = "cpu") -> nn.Module:
+    """The model ``--model name`` names, built on the meta device and materialized on
+    ``device`` with the weights every trainer gives it for ``seed`` (default: the seed torch
+    was last seeded with). Raises ValueError for an unknown attention, a window < 1, or
+    dropout > 0 with an attention other than ``sdpa``."""
+    spec = resolve_spec(name, dropout, attention, attention_window)
+    model = spec.meta_model()
+    materialize(model, torch.device(device), torch.initial_seed() if seed is None else seed,
+                spec)
+    return model

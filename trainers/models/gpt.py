@@ -5,7 +5,8 @@ residual), learned positional embeddings and a head tied to the token embedding.
 projections are separate ``wq``/``wk``/``wv``/``wo`` and the MLP is ``up``/``down`` so that tensor
 parallelism can shard them column- and row-wise; attention infers the number of local heads
 from the projection width, so it runs unchanged on a sharded block. :func:`gpt_spec` tells the
-trainers how to build, initialize and parallelize it (:mod:`trainers.core.model_spec`).
+trainers how to build, initialize and parallelize it (:mod:`trainers.models.protocol`); the
+module registers it as the ``gpt`` family.
 """
 
 from __future__ import annotations
@@ -13,23 +14,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-)
 
-from trainers.core.attention import attention_fn, sdpa
-from trainers.core.model_spec import ModelSpec, ParameterInit
+from trainers.models.attention import attention_fn, sdpa
+from trainers.models.common import block_tp_plan, scaled_init
+from trainers.models.protocol import ModelSpec
+from trainers.models.registry import register_family
 from trainers.torchfree.shapes import ModelConfig
 
 
 class Attention(nn.Module):
     """Causal multi-head self-attention; ``cfg.attention`` picks the implementation.
 
-    The implementations are in :mod:`trainers.core.attention`; the default, ``sdpa``, is
+    The implementations are in :mod:`trainers.models.attention`; the default, ``sdpa``, is
     ``scaled_dot_product_attention``. Attention dropout (``cfg.dropout``, in training) exists
     only for ``sdpa``: any other implementation with ``cfg.dropout > 0`` raises ValueError
     (the residual and MLP dropout would apply, the attention dropout silently not).
@@ -117,49 +113,13 @@ class Transformer(nn.Module):
         return x if self.head is None else self.head(self.norm(x))
 
 
-def scaled_init(n_layers: int) -> ParameterInit:
-    """GPT-2's initialization, which both built-in families use: N(0, 0.02) for matrices and
-    embeddings, the residual projections (``wo``, ``down``) scaled by 1/sqrt(2 L), norm
-    weights 1 and biases 0."""
-    def init(name: str, value: torch.Tensor, generator: torch.Generator) -> None:
-        if value.dim() < 2:
-            value.fill_(1.0 if name.endswith("weight") else 0.0)
-            return
-        std = 0.02
-        if name.endswith(("wo.weight", "down.weight")):
-            std /= (2 * n_layers) ** 0.5
-        value.normal_(mean=0.0, std=std, generator=generator)
-    return init
-
-
-def block_tp_plan(sequence_parallel: bool, mlp: tuple[str, ...] = ("up",)) -> dict[str, object]:
-    """Megatron-style plan of one pre-norm block (``attn_norm``, ``attn.wq/wk/wv/wo``,
-    ``mlp_norm``, ``mlp.<in>/down``): q, k, v and the MLP's input projections ``mlp``
-    column-wise (each rank computes its share of the heads), ``wo`` and ``down`` row-wise, one
-    all-reduce after each. With ``sequence_parallel`` the residual stream between those regions
-    stays sharded along the sequence: norms run on 1/tp of the tokens and each all-reduce
-    becomes a reduce-scatter plus an all-gather."""
-    residual = Shard(1) if sequence_parallel else Replicate()
-    plan: dict[str, object] = {
-        "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
-        "attn.wo": RowwiseParallel(output_layouts=residual,
-                                   use_local_output=not sequence_parallel),
-        "mlp.down": RowwiseParallel(output_layouts=residual,
-                                    use_local_output=not sequence_parallel),
-    }
-    plan.update({f"mlp.{name}": ColwiseParallel() for name in mlp})
-    if sequence_parallel:
-        gather = PrepareModuleInput(input_layouts=(Shard(1),),
-                                    desired_input_layouts=(Replicate(),))
-        plan.update({"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
-                     "attn": gather, "mlp": gather})
-    return plan
-
-
-def gpt_spec(shape: ModelConfig) -> ModelSpec:
-    """The spec of the GPT-family model of ``shape``."""
+def gpt_spec(name: str, shape: ModelConfig) -> ModelSpec:
+    """The spec of the GPT-family model of ``shape`` (``--model name``)."""
     return ModelSpec(shape=shape, build=lambda: Transformer(shape),
                      init_parameter=scaled_init(shape.n_layers),
                      shared_parameters={"head.weight": "tok_emb.weight"},
                      tp_plan=block_tp_plan,
                      first=("tok_emb", "pos_emb", "emb_dropout"), last=("norm", "head"))
+
+
+register_family("gpt", gpt_spec)

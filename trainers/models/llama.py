@@ -6,7 +6,8 @@ Attention projections are ``wq`` (``n_heads`` heads) and ``wk``/``wv`` (``n_kv_h
 heads, each shared by ``n_heads / n_kv_heads`` query heads); the MLP is
 ``down(silu(gate(x)) * up(x))``. Attention infers its local head counts from the projection
 widths, so it runs unchanged on a tensor-parallel shard (which needs ``--tp`` to divide the
-key/value heads). The head is a separate weight.
+key/value heads). The head is a separate weight. The module registers it as the ``llama``
+family.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.core.attention import attention_fn, sdpa
-from trainers.core.model import block_tp_plan, scaled_init
-from trainers.core.model_spec import ModelSpec
+from trainers.models.attention import attention_fn, sdpa
+from trainers.models.common import block_tp_plan, scaled_init
+from trainers.models.protocol import ModelSpec
+from trainers.models.registry import register_family
 from trainers.torchfree.shapes import ModelConfig
 
 
@@ -122,15 +124,18 @@ class Llama(nn.Module):
 
 
 def llama_tp_plan(sequence_parallel: bool) -> dict[str, object]:
-    """The block plan of :func:`trainers.core.model.block_tp_plan` with SwiGLU's ``gate`` and
+    """The block plan of :func:`trainers.models.common.block_tp_plan` with SwiGLU's ``gate`` and
     ``up`` column-wise; key/value heads split like the query heads (``--tp`` divides both)."""
     return block_tp_plan(sequence_parallel, mlp=("gate", "up"))
 
 
-def llama_spec(shape: ModelConfig) -> ModelSpec:
-    """The spec of the Llama-family model of ``shape``."""
+def llama_spec(name: str, shape: ModelConfig) -> ModelSpec:
+    """The spec of the Llama-family model of ``shape`` (``--model name``)."""
     return ModelSpec(shape=shape, build=lambda: Llama(shape),
                      init_parameter=scaled_init(shape.n_layers),
                      shared_parameters={"head.weight": "tok_emb.weight"} if shape.tied_head
                      else {},
                      tp_plan=llama_tp_plan, first=("tok_emb",), last=("norm", "head"))
+
+
+register_family("llama", llama_spec)

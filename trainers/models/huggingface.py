@@ -6,7 +6,9 @@ allocated. Its weights come from ``DIR``'s safetensors files when it has any (ea
 only the tensors it materializes, whole, and keeps its shard), otherwise from Hugging Face's
 initialization (N(0, ``initializer_range``), norm weights 1, biases 0). Nothing is downloaded.
 ddp and fsdp (with activation checkpointing) train it; it has no tensor-parallel plan and no
-pipeline split, so those trainers refuse it before it starts.
+pipeline split, so those trainers refuse it before it starts. The module registers it as the
+``hf`` family; what the torch-free checks refuse (a config.json that is not a causal LM's, an
+unreadable safetensors file) never reaches it (:mod:`trainers.torchfree.model_names`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainers.core.model_spec import ModelSpec, ParameterInit, normal_init
+from trainers.models.common import normal_init
+from trainers.models.protocol import ModelSpec, ParameterInit
+from trainers.models.registry import register_family
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.model_names import hf_directory
 from trainers.torchfree.shapes import ModelConfig
@@ -138,8 +142,13 @@ def hf_spec(name: str, shape: ModelConfig) -> ModelSpec:
         return CausalLM(transformers.AutoModelForCausalLM.from_config(
             config, dtype=torch.float32))
 
-    with torch.device("meta"):
-        probe = build()
+    try:
+        with torch.device("meta"):
+            probe = build()
+    except ValueError as err:  # a config class AutoModelForCausalLM has no model for
+        reason = str(err).splitlines()[0]
+        raise ConfigError(f"--model {name}: transformers builds no causal LM from its "
+                          f"config.json ({reason}); pass the directory of a causal LM") from None
     return ModelSpec(shape=shape, build=build, blocks=_blocks_path(probe),
                      init_parameter=_initializer(folder, config.initializer_range, "model."),
                      shared_parameters=_shared(probe), init_buffers=_init_rotary)
@@ -156,3 +165,6 @@ def tiny_llama_config(folder: Path, vocab_size: int = 256) -> Path:
         "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "initializer_range": 0.02,
         "tie_word_embeddings": False, "rope_theta": 10000.0}, indent=1))
     return folder
+
+
+register_family("hf", hf_spec)
