@@ -14,6 +14,7 @@ from bench.memory_probe import measure_step
 from trainers import ddp
 from trainers.core.distributed import init_distributed
 from trainers.core.loop import build_optimizer
+from trainers.models import spec_of
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.memory_formulas import SHARDINGS, Layout, predict
 from trainers.torchfree.shapes import MODEL_SIZES
@@ -43,7 +44,7 @@ def run(plan: Plan, scratch: Path) -> dict[str, Any]:
                             dtype, "--activation-checkpointing", str(checkpointing).lower()],
                            "ddp", world_sizes=[1], check_paths=False)
         with init_distributed(cfg) as env:
-            strategy = ddp.build(cfg, env)
+            strategy = ddp.build(cfg, env, spec_of(cfg))
             optimizer = build_optimizer(strategy.model, cfg)
             inputs, targets = torch.randint(0, MODEL_SIZES[plan.model].vocab_size,
                                             (2, plan.batch, cfg.seq_len))

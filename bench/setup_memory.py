@@ -31,13 +31,14 @@ class Plan:
     timeout_s: float = 900.0
 
 
-def measure(cfg: Any, env: Any, build: Callable[[Any, Any], Any]) -> dict[str, Any]:
+def measure(cfg: Any, env: Any, build: Callable[[Any, Any, Any], Any]) -> dict[str, Any]:
     """One rank (:func:`bench.harness.serve_rank`): the peak RSS around the trainer's build."""
     from trainers.models import spec_of
 
-    sizes = [p.numel() * p.element_size() for p in spec_of(cfg).meta_model().parameters()]
+    spec = spec_of(cfg)
+    sizes = [p.numel() * p.element_size() for p in spec.meta_model().parameters()]
     before, start = peak_memory_bytes(HOST), time.perf_counter()
-    strategy = build(cfg, env)
+    strategy = build(cfg, env, spec)
     seconds, after = time.perf_counter() - start, peak_memory_bytes(HOST)
     return {"peak_before_bytes": before, "peak_after_bytes": after,
             "setup_growth_bytes": after - before,

@@ -47,13 +47,14 @@ class Plan:
     timeout_s: float = 1200.0  # per subprocess
 
 
-def measure(cfg: Any, env: Any, build: Callable[[Any, Any], Any]) -> dict[str, Any]:
+def measure(cfg: Any, env: Any, build: Callable[[Any, Any, Any], Any]) -> dict[str, Any]:
     """One rank of a memory measurement (:func:`bench.harness.serve_rank`): the trainer's
     strategy and optimizer, one training step, then the bytes of every live tensor."""
     from trainers.core.data import BatchStream, build_datasets
     from trainers.core.loop import build_optimizer
+    from trainers.models import spec_of
 
-    strategy = build(cfg, env)
+    strategy = build(cfg, env, spec_of(cfg))
     built = Tally(strategy.model.parameters())
     optimizer = build_optimizer(strategy.model, cfg)
     train_set, _ = build_datasets(cfg, env)

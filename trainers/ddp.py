@@ -12,15 +12,14 @@ from collections.abc import Sequence
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.strategy import Strategy
-from trainers.models import materialize, spec_of
+from trainers.models import ModelSpec, materialize
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.ddp import DDPStrategy
 from trainers.torchfree.config import TrainConfig
 
 
-def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
+def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:
     """The whole model on every rank, wrapped in DDP."""
-    spec = spec_of(cfg)
     model = spec.meta_model()
     apply_block_options(model, spec, cfg)
     materialize(model, env.device, cfg.seed, spec)

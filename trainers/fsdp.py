@@ -19,16 +19,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.strategy import Strategy
-from trainers.models import materialize, spec_of
+from trainers.models import ModelSpec, materialize
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
 from trainers.torchfree.config import TrainConfig
 
 
-def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
+def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:
     """The model sharded with FSDP2 over a 1-D mesh of every rank."""
     mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
-    spec = spec_of(cfg)
     model = spec.meta_model()
     apply_block_options(model, spec, cfg)
     apply_fsdp(model, spec, mesh, cfg.reshard_after_forward, cfg.dtype == "bf16",

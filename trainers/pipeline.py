@@ -18,20 +18,19 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.strategy import Strategy
-from trainers.models import materialize, spec_of
+from trainers.models import ModelSpec, materialize
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.pipeline import PipelineStrategy, split_stage, stage_indices
 from trainers.torchfree.config import TrainConfig
 
 
-def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
+def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:
     """This rank's stages of a (pp x dp) mesh of pipelines: consecutive ranks (one node) hold
     the same stage of different replicas, so only activations cross between nodes."""
     dp = cfg.dp_size(env.world_size)
     mesh = init_device_mesh(env.device.type, (cfg.pp, dp), mesh_dim_names=("pp", "dp"))
     num_stages = cfg.pp * cfg.virtual_stages
     indices = stage_indices(mesh["pp"].get_local_rank(), cfg.pp, num_stages)
-    spec = spec_of(cfg)
     parts = []
     for index in indices:
         part = split_stage(spec.meta_model(), spec, index, num_stages)

@@ -16,19 +16,18 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.strategy import Strategy
-from trainers.models import materialize, spec_of
+from trainers.models import ModelSpec, materialize
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
 from trainers.parallel.tensor_parallel import apply_tensor_parallel
 from trainers.torchfree.config import TrainConfig
 
 
-def build(cfg: TrainConfig, env: DistEnv) -> Strategy:
+def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:
     """Tensor parallel over the mesh's ``tp`` dimension, FSDP over ``dp`` when it has more
     than one group."""
     dp = cfg.dp_size(env.world_size)
     mesh = init_device_mesh(env.device.type, (dp, cfg.tp), mesh_dim_names=("dp", "tp"))
-    spec = spec_of(cfg)
     model = spec.meta_model()
     apply_tensor_parallel(model, spec, mesh["tp"], cfg.sequence_parallel)
     apply_block_options(model, spec, cfg)

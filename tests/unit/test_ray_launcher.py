@@ -103,8 +103,9 @@ def test_step_hook_sees_every_step_and_the_committed_checkpoints(tmp_path):
     cfg = parse_config([*without(TINY, "--steps"), "--steps", "5", "--checkpoint-every", "2",
                         "--device", "cpu", "--output-dir", str(tmp_path)], "ddp")
     seen: list[tuple[int, float, Path | None]] = []
+    spec = spec_of(cfg)
     with init_distributed(cfg) as env:
-        train(cfg, env, build(cfg, env), spec_of(cfg).shape,
+        train(cfg, env, build(cfg, env, spec), spec,
               on_step=lambda s, m, c: seen.append((s, m["loss"], c)))
     assert [s for s, _, _ in seen] == [1, 2, 3, 4, 5]
     assert {s: loss for s, loss, _ in seen} == losses(tmp_path)

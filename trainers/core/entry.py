@@ -1,9 +1,9 @@
 """What every trainer's ``main`` does: parse, join the process group, build, train.
 
-A trainer supplies only ``build(cfg, env) -> Strategy``: its mesh, and its parallelism applied
-to the model built on the meta device from the model's spec; the loop gets that spec's shape
-facts from here. Bad arguments and errors found while starting exit with one line; running
-out of memory prints the anatomy of the job and what to try next.
+A trainer supplies only ``build(cfg, env, spec) -> Strategy``: its mesh, and its parallelism
+applied to the model built on the meta device from ``spec`` (the model's spec, resolved here
+once); the loop trains that spec. Bad arguments and errors found while starting exit with one
+line; running out of memory prints the anatomy of the job and what to try next.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from trainers.core.loop import StepHook, train
 from trainers.core.oom import explain_out_of_memory
 from trainers.core.preemption import Notice
 from trainers.core.strategy import Strategy
-from trainers.models import spec_of
+from trainers.models import ModelSpec, spec_of
 from trainers.torchfree.config import TrainConfig, exit_on_config_error, parse_or_exit
 from trainers.torchfree.preemption_signals import exit_status
 from trainers.torchfree.run_record import run_record, write_config
 from trainers.torchfree.trainer_table import trainer
 
-StrategyBuilder = Callable[[TrainConfig, DistEnv], Strategy]
+StrategyBuilder = Callable[[TrainConfig, DistEnv, ModelSpec], Strategy]
 
 
 def run(name: str, build: StrategyBuilder, argv: Sequence[str] | None = None) -> None:
@@ -54,6 +54,7 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
         if env.is_main:
             write_config(Path(cfg.output_dir),
                          run_record(cfg.to_dict(), name, argv, env.world_size))
-        summary = train(cfg, env, build(cfg, env), spec_of(cfg).shape, on_step, notice)
+        spec = spec_of(cfg)
+        summary = train(cfg, env, build(cfg, env, spec), spec, on_step, notice)
     if summary.get("preempted"):
         raise SystemExit(exit_status(signal.Signals[summary["preempted"]]))

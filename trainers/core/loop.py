@@ -38,6 +38,7 @@ from trainers.core.metrics import (
 from trainers.core.preemption import Notice, PreemptionWatch
 from trainers.core.run_state import Run, RunFacts, RunState, Throughput, resume_notes, summarize
 from trainers.core.strategy import Strategy
+from trainers.models import ModelSpec
 from trainers.torchfree.checkpoint_files import saved_manifest, step_of
 from trainers.torchfree.config import TrainConfig
 from trainers.torchfree.faults import kill_point, maybe_kill, restart_count
@@ -79,10 +80,10 @@ def lr_factor(step: int, cfg: TrainConfig, schedule_steps: int) -> float:
 StepHook = Callable[[int, dict[str, float], Path | None], None]
 
 
-def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, shape: ModelConfig,
+def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
           on_step: StepHook | None = None, notice: Notice | None = None) -> dict[str, Any]:
-    """Run ``cfg.steps`` optimizer steps of ``strategy``'s model, whose shape facts are
-    ``shape`` (resuming if asked); return the summary (all ranks).
+    """Run ``cfg.steps`` optimizer steps of ``strategy``'s model, built from ``spec`` (resuming
+    if asked); return the summary (all ranks).
 
     ``on_step`` (optional) receives every step's metrics on every rank after the step and its
     checkpoint, if any, are done, with the checkpoint directory committed at that step, if any.
@@ -93,7 +94,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, shape: ModelConfig
     notice, asked after every step) returning True on any rank, ends the run after the step
     all ranks agree on, with a checkpoint of it; the summary's ``preempted`` names the signal.
     """
-    run, state = start_run(cfg, env, strategy, shape)
+    run, state = start_run(cfg, env, strategy, spec.shape)
     with PreemptionWatch(parse_signals(cfg.preemption_signals), env, notice) as watch, \
             contextlib.closing(run.checkpointer):
         for step in range(state.start_step + 1, cfg.steps + 1):

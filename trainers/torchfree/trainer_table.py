@@ -1,8 +1,8 @@
 """The one table of trainers: what the config, planner, OOM report, components and Ray read.
 
 Each :class:`Trainer` entry names its entry module (``python -m trainers.<name>``, whose
-``build(cfg, env)`` makes the runtime strategy), the options only it serves, its checks of a
-configuration, how it splits a job for the memory planner, what to try when it runs out of
+``build(cfg, env, spec)`` makes the runtime strategy), the options only it serves, its checks of
+a configuration, how it splits a job for the memory planner, what to try when it runs out of
 memory, and whether Ray Train can run it. Adding a trainer is one entry here plus one entry
 module (docs/architecture.md). Plain Python without torch.
 """
