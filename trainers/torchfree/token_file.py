@@ -78,8 +78,9 @@ def token_file_writer(path: Path, vocab_size: int) -> Iterator[Callable[[np.ndar
     is written under a temporary name and takes ``path``'s on a clean exit (a reader never
     sees half a file, and writers racing for one path leave one whole file); on an error it
     is removed."""
-    if vocab_size > 1 << 32:
-        raise ConfigError(f"vocab size {vocab_size} exceeds uint32 ids; use a smaller tokenizer")
+    if vocab_size >= 1 << 32:  # the header holds the vocabulary size in 4 bytes
+        raise ConfigError(f"vocab size {vocab_size} does not fit a token file's header (at most "
+                          f"{(1 << 32) - 1}); use a smaller tokenizer")
     import numpy as np
 
     dtype = dtype_for(vocab_size)
