@@ -50,7 +50,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         for flag in ("global_batch", "devices_per_node", "nodes", "device_memory_gb"):
             if getattr(args, flag) <= 0:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
-                                  f"{getattr(args, flag)}")
+                                  f"{getattr(args, flag)}; pass a positive one")
+        for flag in ("layers", "heads", "hidden", "vocab", "context"):
+            if getattr(args, flag) < 0:
+                raise ConfigError(f"--{flag} must be positive, got {getattr(args, flag)}; "
+                                  f"pass a positive one or drop it (0: --model's)")
         if args.gpu_type is not None:
             if args.device == "cpu":
                 raise ConfigError("--gpu-type describes GPUs; drop it with --device cpu")
@@ -59,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                              args.vocab, args.context)
         seq = args.seq_len or shape.max_seq_len
         if not 0 < seq <= shape.max_seq_len:
-            raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}")
+            raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}; pass "
+                              "one in that range or 0 (the model's context)")
         devices = args.devices_per_node * args.nodes
         print(f"{args.model}: {shape.num_params() / 1e9:.2f}B parameters, {seq} tokens, "
               f"{args.dtype}, {args.nodes} x {args.devices_per_node} devices of "

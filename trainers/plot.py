@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainers.torchfree.config import OneLineParser, exit_on_config_error
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.paths import check_output
 from trainers.torchfree.run_record import read_config
 
 if TYPE_CHECKING:
@@ -150,11 +151,12 @@ def main(argv: Sequence[str] | None = None) -> Path:
     with exit_on_config_error("trainers.plot"):
         args = build_parser().parse_args(argv)
         runs = [load_run(path) for path in args.runs]
+        output = args.output or args.runs[0] / "plot.png"
+        check_output(output, "--output")
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise ConfigError("matplotlib is not installed; pip install -e '.[plot]'") from None
-    output = args.output or args.runs[0] / "plot.png"
     output.parent.mkdir(parents=True, exist_ok=True)
     draw(runs).savefig(output, dpi=110)
     print(f"wrote {output}")

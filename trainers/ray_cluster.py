@@ -24,12 +24,9 @@ def check_address(address: str, timeout: float = 5.0) -> None:
     check of one's own, which this is: a TCP connection, then gRPC's own channel handshake."""
     if address == "auto":
         return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"--address {address}: expected HOST:PORT of the Ray head (e.g. "
-                          "10.0.0.5:6379), ray://HOST:10001 or auto")
+    host, port = host_port(address)
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        socket.create_connection((host, port), timeout=timeout).close()
     except OSError as err:
         raise ConfigError(
             f"--address {address}: no Ray cluster answers there ({err.strerror or err}); start "
@@ -42,6 +39,16 @@ def check_address(address: str, timeout: float = 5.0) -> None:
             f"--address {address}: the service there is not a Ray cluster (no gRPC answer); "
             "pass the head's GCS address (HOST:6379 by default; not the dashboard's 8265) or "
             "ray://HOST:10001")
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """The host and port of ``--address`` HOST:PORT or ray://HOST:PORT; ConfigError if it is
+    neither (nor ``auto``, which has none)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address}: expected HOST:PORT of the Ray head (e.g. "
+                          "10.0.0.5:6379), ray://HOST:10001 or auto")
+    return host, int(port)
 
 
 def _speaks_grpc(target: str, timeout: float) -> bool:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.ray_cluster import check_resources, connect
+from trainers.ray_cluster import check_resources, connect, host_port
 from trainers.ray_worker import attempts_actor, train_worker
 from trainers.torchfree.config import OneLineParser, TrainConfig, exit_on_config_error, parse_config
 from trainers.torchfree.errors import ConfigError
@@ -112,13 +112,18 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
         raise ConfigError(f"--trainer {ns.trainer} cannot run under Ray Train: "
                           f"{TRAINERS[ns.trainer].ray}")
     if ns.workers < 1:
-        raise ConfigError(f"--workers must be positive, got {ns.workers}")
+        raise ConfigError(f"--workers must be positive, got {ns.workers}; pass 1 or more")
     if ns.cpus_per_worker <= 0:
-        raise ConfigError(f"--cpus-per-worker must be positive, got {ns.cpus_per_worker}")
+        raise ConfigError(f"--cpus-per-worker must be positive, got {ns.cpus_per_worker:g}; "
+                          "pass a positive number such as 1")
     if ns.max_failures < -1:
-        raise ConfigError(f"--max-failures must be -1 (no limit) or >= 0, got {ns.max_failures}")
+        raise ConfigError(f"--max-failures must be -1 (no limit) or >= 0, got {ns.max_failures}; "
+                          "pass one of those")
     if ns.report_every < 0:
-        raise ConfigError(f"--report-every must be >= 0, got {ns.report_every}")
+        raise ConfigError(f"--report-every must be >= 0, got {ns.report_every}; pass 0 (only "
+                          "checkpoint steps) or K")
+    if ns.address not in (None, "auto"):
+        host_port(ns.address)
     if ns.num_cpus is not None and (ns.address is not None or ns.num_cpus < 1):
         raise ConfigError("--num-cpus sizes the local cluster started without --address; pass a "
                           "positive --num-cpus without --address, or drop it")
