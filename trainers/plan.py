@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with exit_on_config_error("trainers.plan"):
         args = parser.parse_args(argv)
         for flag in ("global_batch", "devices_per_node", "nodes", "device_memory_gb"):
-            if getattr(args, flag) <= 0:
+            if not 0 < getattr(args, flag) < math.inf:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
                                   f"{getattr(args, flag)}; pass a positive one")
         for flag in ("layers", "heads", "hidden", "vocab", "context"):

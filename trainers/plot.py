@@ -45,7 +45,7 @@ class Run:
 
 
 def load_run(path: Path) -> Run:
-    """Read run directory ``path``; ConfigError when it holds no metrics."""
+    """Read run directory ``path``; ConfigError when it holds no step's metrics."""
     metrics_file = path / "metrics.jsonl"
     if not metrics_file.is_file():
         raise ConfigError(f"{path} holds no metrics.jsonl; pass a run directory (a trainer's "
@@ -53,9 +53,14 @@ def load_run(path: Path) -> Run:
     metrics = []
     for line in metrics_file.read_text().splitlines():
         try:
-            metrics.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
             continue  # a line cut short by a crash
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            metrics.append(record)
+    if not metrics:
+        raise ConfigError(f"{metrics_file} holds no step's metrics; pass a run that has trained "
+                          "a step")
     by_step: dict[int, list[dict[str, Any]]] = {}
     for rank_file in sorted(path.glob("timeline.rank*.jsonl")):
         for line in rank_file.read_text().splitlines():
@@ -154,9 +159,13 @@ def main(argv: Sequence[str] | None = None) -> Path:
         output = args.output or args.runs[0] / "plot.png"
         check_output(output, "--output")
         try:
-            import matplotlib  # noqa: F401
+            from matplotlib.backend_bases import FigureCanvasBase
         except ImportError:
             raise ConfigError("matplotlib is not installed; pip install -e '.[plot]'") from None
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if output.suffix and output.suffix[1:].lower() not in formats:
+            raise ConfigError(f"--output {output}: matplotlib writes no {output.suffix} files; "
+                              f"pass a .png (or {', '.join('.' + f for f in sorted(formats))})")
     output.parent.mkdir(parents=True, exist_ok=True)
     draw(runs).savefig(output, dpi=110)
     print(f"wrote {output}")

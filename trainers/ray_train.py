@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -113,7 +114,7 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
                           f"{TRAINERS[ns.trainer].ray}")
     if ns.workers < 1:
         raise ConfigError(f"--workers must be positive, got {ns.workers}; pass 1 or more")
-    if ns.cpus_per_worker <= 0:
+    if not 0 < ns.cpus_per_worker < math.inf:
         raise ConfigError(f"--cpus-per-worker must be positive, got {ns.cpus_per_worker:g}; "
                           "pass a positive number such as 1")
     if ns.max_failures < -1:

@@ -9,6 +9,7 @@ Prints the prompt followed by the generated text.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,9 +43,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = _parser().parse_args(argv)
         if args.tokens <= 0:
             raise ConfigError(f"--tokens must be positive, got {args.tokens}; pass 1 or more")
-        if args.temperature < 0:
+        if not 0 <= args.temperature < math.inf:
             raise ConfigError(f"--temperature must be >= 0, got {args.temperature:g}; pass 0 "
-                              "(greedy) or more")
+                              "(greedy) or a positive number")
         if args.top_k < 0:
             raise ConfigError(f"--top-k must be >= 0, got {args.top_k}; pass 0 (all tokens) or "
                               "k")

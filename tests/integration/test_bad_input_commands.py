@@ -85,6 +85,7 @@ ROWS = [
           ("run --prompt a --tokens x", "argument --tokens: invalid int value: 'x'", False),
           ("run --prompt a --tokens 0", "--tokens must be positive, got 0; pass 1 or more"),
           ("run --prompt a --temperature -1", "--temperature must be >= 0, got -1; pass 0"),
+          ("run --prompt a --temperature nan", "--temperature must be >= 0, got nan"),
           ("run --prompt a --top-k -2", "--top-k must be >= 0, got -2"),
           (("run", "--prompt", ""), "--prompt is empty; pass at least one character")),
     *rows("export",
@@ -97,11 +98,14 @@ ROWS = [
           ("", "the following arguments are required: RUN", False),
           ("nosuch", "nosuch holds no metrics.jsonl; pass a run directory"),
           ("run", "run holds no metrics.jsonl"),
+          ("unlogged", "unlogged/metrics.jsonl holds no step's metrics; pass a run that has"),
+          ("logged -o plot.txt", "--output plot.txt: matplotlib writes no .txt files; pass a .png"),
           ("logged -o run", "--output run is a directory"),
           (f"logged -o {UNWRITABLE}.png", "/proc cannot be written")),
     *rows("plan",
           ("--model nosuch", "--model nosuch: not a built-in size"),
           ("--nodes 0", "--nodes must be positive, got 0; pass a positive one"),
+          ("--device-memory-gb nan", "--device-memory-gb must be positive, got nan"),
           ("--layers -1", "--layers must be positive, got -1; pass a positive one or drop it"),
           ("--seq-len 99999", "--seq-len must be in 1..2048, got 99999; pass one in that range"),
           ("--gpu-type h100 --device cpu", "--gpu-type describes GPUs; drop it"),
@@ -118,6 +122,7 @@ ROWS = [
           ("--trainer model_parallel --workers 2", "cannot run under Ray Train"),
           ("--trainer ddp --workers 0", "--workers must be positive, got 0; pass 1 or more"),
           ("--trainer ddp --workers 2 --cpus-per-worker 0", "--cpus-per-worker must be positive"),
+          ("--trainer ddp --workers 2 --cpus-per-worker nan", "--cpus-per-worker must be positive"),
           ("--trainer ddp --workers 2 --address nohost", "--address nohost: expected HOST:PORT"),
           ("--trainer ddp --workers 2 --address auto --num-cpus 2", "--num-cpus sizes the local"),
           (f"--trainer ddp --workers 2 -- --output-dir {UNWRITABLE}", "/proc cannot be written"),
@@ -127,7 +132,8 @@ ROWS = [
 
 def _inputs(directory: Path) -> None:
     """What every row's directory holds: a text, an empty text, a plain file, an empty run
-    directory, a run directory with metrics only, and outputs that exist already."""
+    directory, a run directory with metrics only and one with no step's metrics, and outputs
+    that exist already."""
     (directory / "text.txt").write_text("Some text to tokenize.\n" * 4)
     (directory / "empty.txt").write_text("")
     (directory / "afile").write_text("not a directory\n")
@@ -135,6 +141,8 @@ def _inputs(directory: Path) -> None:
     (directory / "logged").mkdir()
     (directory / "logged" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0})
                                                         + "\n")
+    (directory / "unlogged").mkdir()
+    (directory / "unlogged" / "metrics.jsonl").write_text('{"loss": 5.0}\n{"ste')
     (directory / "out.bin").write_bytes(b"an existing output")
     (directory / "tok.json").write_text("{}")
 
