@@ -13,10 +13,10 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainers.core.run_model import load_run_model
 from trainers.torchfree.config import OneLineParser, exit_on_config_error
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.model_names import model_shape
+from trainers.torchfree.paths import check_output, check_run
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,8 +36,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
             raise ConfigError(f"{args.out} already exists and is not an empty directory; "
                               "pass a new or empty OUT")
+        check_output(args.out, "", kind="directory")
+        check_run(args.run)
         try:
             from trainers.core.hf_export import CONVERTERS, model_family, write_tokenizer
+            from trainers.core.run_model import load_run_model
         except ImportError as err:
             raise ConfigError(f"exporting needs the hf extra ({err.name} is missing); "
                               "pip install -e '.[hf]'") from None

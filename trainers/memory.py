@@ -25,11 +25,12 @@ def main(argv: list[str] | None = None) -> None:
         for flag in ("micro_batch", "devices"):
             if getattr(args, flag) < 1:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
-                                  f"{getattr(args, flag)}")
+                                  f"{getattr(args, flag)}; pass a positive one")
         shape = model_shape(args.model)
         seq = args.seq_len or shape.max_seq_len
         if not 0 < seq <= shape.max_seq_len:
-            raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}")
+            raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}; pass "
+                              "one in that range or 0 (the model's context)")
     print(f"{args.model}: {shape.num_params() / 1e9:.2f}B parameters, micro-batch "
           f"{args.micro_batch} x {seq} tokens, {args.dtype}"
           + (", activation checkpointing" if args.activation_checkpointing else ""))

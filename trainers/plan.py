@@ -47,10 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         shape_group.add_argument(f"--{flag}", type=int, default=0)
     with exit_on_config_error("trainers.plan"):
         args = parser.parse_args(argv)
-        for flag in ("global_batch", "devices_per_node", "nodes", "device_memory_gb"):
-            if getattr(args, flag) <= 0:
-                raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
-                                  f"{getattr(args, flag)}")
+        _check_numbers(args)
         if args.gpu_type is not None:
             if args.device == "cpu":
                 raise ConfigError("--gpu-type describes GPUs; drop it with --device cpu")
@@ -59,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                              args.vocab, args.context)
         seq = args.seq_len or shape.max_seq_len
         if not 0 < seq <= shape.max_seq_len:
-            raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}")
+            raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}; pass "
+                              "one in that range or 0 (the model's context)")
         devices = args.devices_per_node * args.nodes
         print(f"{args.model}: {shape.num_params() / 1e9:.2f}B parameters, {seq} tokens, "
               f"{args.dtype}, {args.nodes} x {args.devices_per_node} devices of "
@@ -75,6 +73,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     trainer_args = (f"--model {args.model} --batch-size {args.global_batch} --dtype {args.dtype} "
                     + best.flags() + (f" --seq-len {args.seq_len}" if args.seq_len else ""))
     print("  " + torchx_command(args, TRAINERS[best.trainer].component, trainer_args))
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """ConfigError for a count or size that is not positive (a shape's may be 0: the model's)."""
+    for flag in ("global_batch", "devices_per_node", "nodes", "device_memory_gb"):
+        if not 0 < getattr(args, flag) < math.inf:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
+                              f"{getattr(args, flag)}; pass a positive one")
+    for flag in ("layers", "heads", "hidden", "vocab", "context"):
+        if getattr(args, flag) < 0:
+            raise ConfigError(f"--{flag} must be positive, got {getattr(args, flag)}; "
+                              f"pass a positive one or drop it (0: --model's)")
 
 
 def torchx_command(args: argparse.Namespace, component: str, trainer_args: str) -> str:

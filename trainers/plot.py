@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainers.torchfree.config import OneLineParser, exit_on_config_error
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.paths import check_output
 from trainers.torchfree.run_record import read_config
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class Run:
 
 
 def load_run(path: Path) -> Run:
-    """Read run directory ``path``; ConfigError when it holds no metrics."""
+    """Read run directory ``path``; ConfigError when it holds no step's metrics."""
     metrics_file = path / "metrics.jsonl"
     if not metrics_file.is_file():
         raise ConfigError(f"{path} holds no metrics.jsonl; pass a run directory (a trainer's "
@@ -52,9 +53,14 @@ def load_run(path: Path) -> Run:
     metrics = []
     for line in metrics_file.read_text().splitlines():
         try:
-            metrics.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
             continue  # a line cut short by a crash
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            metrics.append(record)
+    if not metrics:
+        raise ConfigError(f"{metrics_file} holds no step's metrics; pass a run that has trained "
+                          "a step")
     by_step: dict[int, list[dict[str, Any]]] = {}
     for rank_file in sorted(path.glob("timeline.rank*.jsonl")):
         for line in rank_file.read_text().splitlines():
@@ -150,11 +156,16 @@ def main(argv: Sequence[str] | None = None) -> Path:
     with exit_on_config_error("trainers.plot"):
         args = build_parser().parse_args(argv)
         runs = [load_run(path) for path in args.runs]
+        output = args.output or args.runs[0] / "plot.png"
+        check_output(output, "--output")
         try:
-            import matplotlib  # noqa: F401
+            from matplotlib.backend_bases import FigureCanvasBase
         except ImportError:
             raise ConfigError("matplotlib is not installed; pip install -e '.[plot]'") from None
-    output = args.output or args.runs[0] / "plot.png"
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if output.suffix and output.suffix[1:].lower() not in formats:
+            raise ConfigError(f"--output {output}: matplotlib writes no {output.suffix} files; "
+                              f"pass a .png (or {', '.join('.' + f for f in sorted(formats))})")
     output.parent.mkdir(parents=True, exist_ok=True)
     draw(runs).savefig(output, dpi=110)
     print(f"wrote {output}")

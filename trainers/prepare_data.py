@@ -5,19 +5,29 @@ SOURCE is a ``.txt``, ``.jsonl`` or ``.parquet`` file, a directory or a glob of 
 :mod:`trainers.torchfree.corpus`, as training reads text ``--data``). ``--tokenizer bytes`` (the
 default) makes every UTF-8 byte one id (vocabulary 256); a ``tokenizer.json`` path uses that
 Hugging Face tokenizer, with uint32 ids when its vocabulary exceeds 65,536. Progress goes to
-stderr. The output is read by :class:`trainers.core.data.TokenFileDataset`.
+stderr. The output is read by :class:`trainers.core.data.TokenFileDataset`. A TARGET that
+cannot be written (a directory, one of the sources, under a read-only directory) and an empty
+corpus are refused in one line before anything is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from trainers.torchfree.config import OneLineParser, exit_on_config_error
-from trainers.torchfree.corpus import check_corpus, progress_line, resolve_files, tokenize_corpus
+from trainers.torchfree.corpus import (
+    check_corpus,
+    check_not_empty,
+    progress_line,
+    resolve_files,
+    tokenize_corpus,
+)
 from trainers.torchfree.data_source import DEFAULT_TEXT_FIELD
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.paths import check_output
 from trainers.torchfree.token_file import dtype_for
 from trainers.torchfree.tokenizer import BYTES, load_tokenizer
 
@@ -37,13 +47,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     with exit_on_config_error(PROG):
         args = parser.parse_args(argv)
         files = resolve_files(args.source, flag="source")
+        check_output(args.target, "target", inputs=files)
         tokenizer = load_tokenizer(args.tokenizer)
         check_corpus(files, args.text_field)
-        count = tokenize_corpus(files, args.text_field, tokenizer, args.target, progress_line())
-        if count == 0:
-            args.target.unlink()
-            raise ConfigError(f"{' '.join(args.source)} is empty: no text to tokenize; pass "
-                              "non-empty files")
+        check_not_empty(files, args.text_field, " ".join(args.source))
+        # Written beside TARGET and moved onto it only when it holds tokens, so that an
+        # existing TARGET survives a corpus of which the tokenizer makes no ids.
+        scratch = args.target.with_name(f".{args.target.name}.{os.getpid()}.tokens")
+        try:
+            count = tokenize_corpus(files, args.text_field, tokenizer, scratch, progress_line())
+            if count == 0:
+                raise ConfigError(f"--tokenizer {args.tokenizer} makes no ids of "
+                                  f"{' '.join(args.source)}; pass a tokenizer trained on such "
+                                  "text, or bytes")
+            os.replace(scratch, args.target)
+        finally:
+            scratch.unlink(missing_ok=True)
     dtype = dtype_for(tokenizer.vocab_size).name
     print(f"wrote {count:,} tokens ({tokenizer.name}, vocab {tokenizer.vocab_size:,}, {dtype}) "
           f"to {args.target}")

@@ -24,24 +24,25 @@ Without ``--address`` a local cluster is started in this process (``--num-cpus``
 stopped at the end; ``--address auto`` joins the cluster this machine belongs to (e.g. inside a
 KubeRay head pod), ``HOST:PORT`` the one whose head listens there. Environment variables
 ``TRAINERS_*`` (e.g. ``TRAINERS_KILL_AT`` for fault injection) are passed on to the workers.
+
+Here: the options and the launch; joining and checking the cluster is
+:mod:`trainers.ray_cluster`, what each worker runs :mod:`trainers.ray_worker`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import math
 import os
-import socket
 import sys
-import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainers.ray_cluster import check_resources, connect, host_port
+from trainers.ray_worker import attempts_actor, train_worker
 from trainers.torchfree.config import OneLineParser, TrainConfig, exit_on_config_error, parse_config
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.trainer_table import TRAINERS
@@ -49,8 +50,6 @@ from trainers.torchfree.trainer_table import TRAINERS
 PROG = "trainers.ray_train"
 # The trainers Ray Train runs: those whose registry entry has no reason it cannot.
 SERVED = [name for name, entry in TRAINERS.items() if entry.ray is None]
-RESTART_VAR = "TRAINERS_RAY_RESTART_COUNT"
-ATTEMPTS_FILE = "ray-attempts"
 
 
 @dataclass(frozen=True)
@@ -114,13 +113,18 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
         raise ConfigError(f"--trainer {ns.trainer} cannot run under Ray Train: "
                           f"{TRAINERS[ns.trainer].ray}")
     if ns.workers < 1:
-        raise ConfigError(f"--workers must be positive, got {ns.workers}")
-    if ns.cpus_per_worker <= 0:
-        raise ConfigError(f"--cpus-per-worker must be positive, got {ns.cpus_per_worker}")
+        raise ConfigError(f"--workers must be positive, got {ns.workers}; pass 1 or more")
+    if not 0 < ns.cpus_per_worker < math.inf:
+        raise ConfigError(f"--cpus-per-worker must be positive, got {ns.cpus_per_worker:g}; "
+                          "pass a positive number such as 1")
     if ns.max_failures < -1:
-        raise ConfigError(f"--max-failures must be -1 (no limit) or >= 0, got {ns.max_failures}")
+        raise ConfigError(f"--max-failures must be -1 (no limit) or >= 0, got {ns.max_failures}; "
+                          "pass one of those")
     if ns.report_every < 0:
-        raise ConfigError(f"--report-every must be >= 0, got {ns.report_every}")
+        raise ConfigError(f"--report-every must be >= 0, got {ns.report_every}; pass 0 (only "
+                          "checkpoint steps) or K")
+    if ns.address not in (None, "auto"):
+        host_port(ns.address)
     if ns.num_cpus is not None and (ns.address is not None or ns.num_cpus < 1):
         raise ConfigError("--num-cpus sizes the local cluster started without --address; pass a "
                           "positive --num-cpus without --address, or drop it")
@@ -136,159 +140,6 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
     return options, cfg, [*trainer_args, "--output-dir", str(run_dir)]
 
 
-# An HTTP/2 client's opening: the connection preface and an empty SETTINGS frame.
-_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-
-
-def check_address(address: str, timeout: float = 5.0) -> None:
-    """ConfigError unless a gRPC server (as Ray's GCS and Ray Client are) answers at
-    ``address`` (HOST:PORT or ray://HOST:PORT) within ``timeout`` seconds; ``auto`` is left to
-    ``ray.init``. Without this, ``ray.init`` retries a wrong address for minutes."""
-    if address == "auto":
-        return
-    hostport = address.removeprefix("ray://")
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"--address {address}: expected HOST:PORT of the Ray head (e.g. "
-                          "10.0.0.5:6379), ray://HOST:10001 or auto")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-                return  # a TLS server waits for our handshake: only the TCP check applies
-            sock.sendall(_HTTP2_PREFACE)
-            reply = sock.recv(9)
-    except TimeoutError:
-        reply = b""
-    except OSError as err:
-        raise ConfigError(
-            f"--address {address}: no Ray cluster answers there ({err.strerror or err}); start "
-            f"one with `ray start --head --port {port}`, pass its head's address, or drop "
-            "--address to start a local cluster") from None
-    if len(reply) < 4 or reply[3] != 4:  # a server's first HTTP/2 frame is its SETTINGS
-        raise ConfigError(
-            f"--address {address}: the service there is not a Ray cluster (no gRPC answer); "
-            "pass the head's GCS address (HOST:6379 by default; not the dashboard's 8265) or "
-            "ray://HOST:10001")
-
-
-def connect(options: LaunchOptions) -> None:
-    """Join the cluster at ``options.address`` or start a local one; ConfigError if none."""
-    import ray
-
-    if options.address is None:
-        ray.init(num_cpus=options.num_cpus, include_dashboard=False, log_to_driver=True)
-        return
-    check_address(options.address)
-    try:
-        ray.init(address=options.address, log_to_driver=True)
-    except (ConnectionError, TimeoutError, RuntimeError) as err:
-        lines = str(err).strip().splitlines() or [type(err).__name__]
-        raise ConfigError(f"--address {options.address}: could not join a Ray cluster there "
-                          f"({lines[0]}); pass the head's address (HOST:6379) or auto") from None
-
-
-def placeable_workers(nodes: Sequence[dict[str, Any]], cpus: float, gpus: int) -> int:
-    """How many workers needing ``cpus`` CPUs and ``gpus`` GPUs each the alive ``nodes`` (as
-    ``ray.nodes()`` lists them) can hold at once."""
-    total = 0
-    for node in nodes:
-        if not node.get("Alive", False):
-            continue
-        resources = node.get("Resources", {})
-        fits = math.floor(resources.get("CPU", 0) / cpus + 1e-9)
-        if gpus:
-            fits = min(fits, math.floor(resources.get("GPU", 0) / gpus + 1e-9))
-        total += fits
-    return total
-
-
-def check_resources(options: LaunchOptions, nodes: Sequence[dict[str, Any]]) -> None:
-    """ConfigError if the cluster's nodes cannot hold ``options.workers`` workers, which Ray
-    would otherwise wait for forever."""
-    fits = placeable_workers(nodes, options.cpus_per_worker, options.gpus_per_worker)
-    if fits >= options.workers:
-        return
-    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", False)]
-    cpus = sum(r.get("CPU", 0) for r in alive)
-    gpus = sum(r.get("GPU", 0) for r in alive)
-    need = f"{options.cpus_per_worker:g} CPU" + (f" and {options.gpus_per_worker} GPU"
-                                                if options.gpus_per_worker else "")
-    has = ", ".join(_count(n, what) for n, what in ((len(alive), "node"), (cpus, "CPU"),
-                                                     (gpus, "GPU")))
-    raise ConfigError(
-        f"--workers {options.workers} need {need} each, but the Ray cluster ({has}) can place "
-        f"only {fits}; pass --workers {fits} or fewer, lower --cpus-per-worker, add nodes, or "
-        "pass --skip-resource-check if the cluster autoscales")
-
-
-def _count(number: float, noun: str) -> str:
-    return f"{number:g} {noun}" + ("" if number == 1 else "s")
-
-
-def _count_attempt(run_dir: Path, token: str) -> int:
-    """Record an attempt of run ``token`` in ``run_dir``; return how many came before it."""
-    path = run_dir / ATTEMPTS_FILE
-    run_dir.mkdir(parents=True, exist_ok=True)
-    earlier = path.read_text().split().count(token) if path.exists() else 0
-    with open(path, "a") as f:
-        f.write(token + "\n")
-    return earlier
-
-
-def train_worker(config: dict[str, Any]) -> None:
-    """The function every Ray Train worker runs: parse, join Ray's process group, build, train.
-
-    ``config``: ``trainer``, its ``argv``, ``report_every`` and the run ``token``
-    (counts restarts). Every rank calls ``ray.train.report`` at the same steps (checkpoint
-    steps and every ``report_every``-th); rank 0 attaches the committed checkpoint directory.
-    A restarted worker group resumes from the checkpoint Ray hands back. When Ray reports that
-    a node of the group is being drained (a preemption notice, ``ray.train.get_preemption_info``)
-    every rank saves the step they agree on, reports it and waits for Ray to restart the group.
-    """
-    import ray.train
-    import ray.train.torch
-    from ray.train import Checkpoint, CheckpointUploadMode
-
-    from trainers.core.entry import train_in_group
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    name = config["trainer"]
-    module = importlib.import_module(TRAINERS[name].module)
-    context = ray.train.get_context()
-    rank = context.get_world_rank()
-    cfg = parse_config(config["argv"], name, world_sizes=[context.get_world_size()],
-                       check_paths=False)
-    reported = ray.train.get_checkpoint()
-    if reported is not None:
-        cfg.resume = reported.path
-    if rank == 0:
-        os.environ[RESTART_VAR] = str(_count_attempt(Path(cfg.output_dir), config["token"]))
-
-    every = config["report_every"]
-
-    def report(step: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
-        if checkpoint is None and not (every and step % every == 0):
-            return
-        attach = Checkpoint.from_directory(str(checkpoint)) if checkpoint and rank == 0 else None
-        ray.train.report({"step": step, **metrics}, checkpoint=attach,
-                         checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
-
-    def node_drained() -> bool:  # a collective of Ray's: every rank asks after every step
-        return ray.train.get_preemption_info() is not None
-
-    device = ray.train.torch.get_device()
-    try:
-        train_in_group(cfg, name, module.build, device if device.type == "cuda" else None,
-                       report, node_drained, argv=config["argv"])
-    except SystemExit:
-        # Preempted (the only way out of the loop by SystemExit): the step is saved and
-        # reported. Ray Train replaces the worker group at the drain's deadline and charges it
-        # to the preemption budget (FailureConfig.max_preemption_failures, unlimited), not to
-        # --max-failures; until then the workers wait.
-        while True:
-            time.sleep(1)
-
-
 def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) -> Any:
     """Run the job on the connected cluster; return Ray's ``Result``."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -299,7 +150,7 @@ def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) ->
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"trainer": options.trainer, "argv": trainer_args,
-                           "report_every": options.report_every, "token": uuid.uuid4().hex},
+                           "report_every": options.report_every, "attempts": attempts_actor()},
         scaling_config=ScalingConfig(
             num_workers=options.workers, use_gpu=options.gpus_per_worker > 0,
             resources_per_worker={"CPU": options.cpus_per_worker,
@@ -307,7 +158,9 @@ def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) ->
         torch_config=TorchConfig(backend="nccl" if options.gpus_per_worker else "gloo"),
         run_config=RunConfig(
             name=run_dir.name, storage_path=str(run_dir.parent),
-            failure_config=FailureConfig(max_failures=options.max_failures),
+            # Preemptions restart the group without limit, apart from --max-failures.
+            failure_config=FailureConfig(max_failures=options.max_failures,
+                                         max_preemption_failures=-1),
             # trainers.core.checkpoint keeps the newest --keep-checkpoints; Ray deletes none.
             checkpoint_config=CheckpointConfig(num_to_keep=None),
             worker_runtime_env={"env_vars": env_vars} if env_vars else None),
@@ -355,11 +208,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ImportError:
             raise ConfigError("Ray Train is not installed; pip install -e '.[ray]' "
                               "-c constraints/cpu.txt") from None
-        connect(options)
+        connect(options.address, options.num_cpus)
         failure = ""
         try:
             if not options.skip_resource_check:
-                check_resources(options, ray.nodes())
+                check_resources(options.workers, options.cpus_per_worker,
+                                options.gpus_per_worker, ray.nodes())
             result = launch(options, cfg, trainer_args)
         except TrainingFailedError as err:
             failure = _failure_line(err, options.max_failures)

@@ -9,16 +9,14 @@ Prints the prompt followed by the generated text.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
-from trainers.core.generate import generate
-from trainers.core.run_model import load_run_model
 from trainers.torchfree.config import OneLineParser, exit_on_config_error
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.model_names import model_shape
+from trainers.torchfree.paths import check_run
 from trainers.torchfree.tokenizer import BYTES, load_tokenizer
 
 
@@ -44,11 +42,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     with exit_on_config_error("trainers.sample"):
         args = _parser().parse_args(argv)
         if args.tokens <= 0:
-            raise ConfigError(f"--tokens must be positive, got {args.tokens}")
-        if args.temperature < 0:
-            raise ConfigError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
+            raise ConfigError(f"--tokens must be positive, got {args.tokens}; pass 1 or more")
+        if not 0 <= args.temperature < math.inf:
+            raise ConfigError(f"--temperature must be >= 0, got {args.temperature:g}; pass 0 "
+                              "(greedy) or a positive number")
         if args.top_k < 0:
-            raise ConfigError(f"--top-k must be >= 0 (0: all tokens), got {args.top_k}")
+            raise ConfigError(f"--top-k must be >= 0, got {args.top_k}; pass 0 (all tokens) or "
+                              "k")
+        if not args.prompt:
+            raise ConfigError("--prompt is empty; pass at least one character to continue")
+        check_run(args.run)
+        import torch  # here: the checks above answer without loading torch
+
+        from trainers.core.generate import generate
+        from trainers.core.run_model import load_run_model
+
         model, config = load_run_model(args.run, args.checkpoint)
         codec = load_tokenizer(config.get("tokenizer", BYTES))
         shape = model_shape(config["model"])
@@ -58,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                               f"model's vocabulary of {vocab}")
         prompt = codec.encode([args.prompt])[0].tolist()
         if not prompt:
-            raise ConfigError("--prompt is empty; pass at least one character to continue")
+            raise ConfigError(f"--prompt {args.prompt!r}: the run's tokenizer makes no ids of "
+                              "it; pass other text")
         context = config["seq_len"] or shape.max_seq_len
         generator = torch.Generator().manual_seed(args.seed)
         new = generate(model, prompt[-context:], args.tokens, context, codec.vocab_size,

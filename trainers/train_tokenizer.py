@@ -8,7 +8,8 @@ CORPUS is a ``.txt``, ``.jsonl`` or ``.parquet`` file, a directory or a glob of 
 ``--vocab-size`` ids. With ``--vocab-size`` 257 or more it holds all 256 byte symbols, so any
 text round-trips; below (for the 256-id tiny and small models) only the bytes the corpus
 holds, and bytes it never saw are dropped when encoding. Pass the file as ``--tokenizer`` to
-training or ``trainers.prepare_data``.
+training or ``trainers.prepare_data``. An impossible ``--vocab-size``, an ``--output`` that
+cannot be written and an empty corpus are refused in one line before anything is written.
 """
 
 from __future__ import annotations
@@ -18,13 +19,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainers.torchfree.config import OneLineParser, exit_on_config_error
-from trainers.torchfree.corpus import check_corpus, resolve_files, texts
+from trainers.torchfree.corpus import check_corpus, check_not_empty, resolve_files, texts
 from trainers.torchfree.data_source import DEFAULT_TEXT_FIELD
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.paths import check_output
 
 PROG = "trainers.train_tokenizer"
 END_OF_TEXT = "<|endoftext|>"
 FULL_ALPHABET = 257  # the 256 byte symbols and the end-of-text token
+# The largest --vocab-size: tokenizers' BPE trainer allocates about 70 bytes per requested id
+# up front (10**9 ids: 70 GB, then it aborts the process), and real vocabularies stay under
+# 300,000; a token file would record up to 2**32 - 1.
+MAX_VOCAB = 1 << 24
 
 
 def train_tokenizer(files: Sequence[Path], text_field: str, vocab_size: int,
@@ -67,8 +73,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.vocab_size < 2:
             raise ConfigError(f"--vocab-size {args.vocab_size} leaves no room for {END_OF_TEXT} "
                               f"and text; pass --vocab-size {FULL_ALPHABET} or more")
+        if args.vocab_size > MAX_VOCAB:
+            raise ConfigError(f"--vocab-size {args.vocab_size}: the trainer would allocate about "
+                              f"70 bytes per id up front; pass --vocab-size {MAX_VOCAB} or less "
+                              "(real vocabularies stay under 300,000)")
         files = resolve_files(args.corpus, flag="corpus")
+        check_output(args.output, "--output", inputs=files)
         check_corpus(files, args.text_field)
+        check_not_empty(files, args.text_field, " ".join(args.corpus))
         vocab = train_tokenizer(files, args.text_field, args.vocab_size, args.output)
     print(f"wrote {args.output}: byte-level BPE, {vocab:,} ids, {END_OF_TEXT} = 0")
 

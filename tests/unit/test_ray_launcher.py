@@ -1,6 +1,8 @@
 """The Ray Train launcher (``trainers.ray_train``) in this process: its arguments and their
-one-line refusals, the placement check on a cluster's node table, and the loop's hooks that the
-launcher's workers use. The runs on a real Ray cluster are tests/system/test_ray.py."""
+one-line refusals, the address probe and the placement check on a cluster's node table
+(``trainers.ray_cluster``), the workers' attempt count (``trainers.ray_worker``), and the
+loop's hooks that the launcher's workers use. The runs on a real Ray cluster are
+tests/system/test_ray.py."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import torch.distributed as dist
 
 from tests.support.runs import TINY, losses, without
 from trainers.core.distributed import init_distributed
-from trainers.ray_train import check_address, check_resources, parse_args, placeable_workers
+from trainers.ray_cluster import check_address, check_resources, placeable_workers
+from trainers.ray_train import parse_args
+from trainers.ray_worker import Attempts
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError
 
@@ -41,11 +45,44 @@ ARGS = [*without(TINY, "--steps", "--resume", "--batch-size"), "--batch-size", "
     (["--trainer", "ddp", "--workers", "2", "--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_bad_launcher_input_is_one_line(tmp_path, launcher, message):
-    """Refused before Ray is contacted (the address form is checked before connecting)."""
+    """Refused before Ray is contacted."""
     with pytest.raises(ConfigError) as err:
-        options, _, _ = parse_args([*launcher, "--", *ARGS, "--output-dir", str(tmp_path)])
-        check_address(options.address or "auto")
+        parse_args([*launcher, "--", *ARGS, "--output-dir", str(tmp_path)])
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_address_probe_tells_a_grpc_server_from_another_service(tmp_path):
+    """A gRPC server (as Ray's GCS is) passes; an HTTP server (say, the dashboard's port) and a
+    closed port are refused in one line, in well under the probe's timeout."""
+    import http.server
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    grpc_server = grpc.server(ThreadPoolExecutor(1))
+    grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
+    grpc_server.start()
+    http_server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=http_server.serve_forever, daemon=True).start()
+    try:
+        check_address(f"127.0.0.1:{grpc_port}")
+        start = time.monotonic()
+        with pytest.raises(ConfigError, match="the service there is not a Ray cluster"):
+            check_address(f"127.0.0.1:{http_server.server_port}")
+        assert time.monotonic() - start < 4
+    finally:
+        grpc_server.stop(None)
+        http_server.shutdown()
+        http_server.server_close()
+    with pytest.raises(ConfigError, match=r"no Ray cluster answers there \(Connection refused\)"):
+        check_address(f"127.0.0.1:{http_server.server_port}")
+
+
+def test_attempts_count_the_worker_groups():
+    attempts = Attempts()
+    assert [attempts.start() for _ in range(3)] == [0, 1, 2]
 
 
 def test_trainer_arguments_are_parsed_for_the_workers(tmp_path):
@@ -73,9 +110,10 @@ def test_placeable_workers(nodes, cpus, gpus, expected):
 def test_check_resources_passes_when_the_workers_fit(tmp_path):
     options, _, _ = parse_args(["--trainer", "ddp", "--workers", "4", "--", *ARGS,
                                 "--output-dir", str(tmp_path)])
-    check_resources(options, [node(2), node(2)])
+    fit = (options.workers, options.cpus_per_worker, options.gpus_per_worker)
+    check_resources(*fit, [node(2), node(2)])
     with pytest.raises(ConfigError, match="2 nodes, 3 CPUs, 0 GPUs"):
-        check_resources(options, [node(2), node(1)])
+        check_resources(*fit, [node(2), node(1)])
 
 
 def test_init_distributed_joins_a_group_it_did_not_form():

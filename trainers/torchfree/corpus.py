@@ -143,6 +143,13 @@ def check_corpus(files: Sequence[Path], text_field: str) -> None:
             _parquet_column(path, text_field)
 
 
+def check_not_empty(files: Sequence[Path], text_field: str, named: str) -> None:
+    """Raise ConfigError unless ``files`` hold some text (reading up to the first that does);
+    ``named``: how the command's arguments named them."""
+    if not any(texts(files, text_field)):
+        raise ConfigError(f"{named} is empty: no text to tokenize; pass non-empty files")
+
+
 def texts(files: Sequence[Path], text_field: str) -> Iterator[str]:
     """Every piece of text in ``files`` (for training a tokenizer)."""
     for path in files:

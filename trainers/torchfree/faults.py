@@ -70,5 +70,5 @@ RESTART_COUNT_VARS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT",
 
 def restart_count() -> int:
     """How often this run was restarted: torchrun's in-place restarts, Slurm requeues and Ray
-    Train worker-group restarts (``TRAINERS_RAY_RESTART_COUNT``, set by trainers.ray_train)."""
+    Train worker-group restarts (``TRAINERS_RAY_RESTART_COUNT``, set by trainers.ray_worker)."""
     return sum(int(os.environ.get(name, "0") or 0) for name in RESTART_COUNT_VARS)

@@ -3,13 +3,17 @@
 Standard library only. ``os.access`` alone says yes to root everywhere, also where the file
 system refuses every write (a read-only mount, or a kernel file system such as /proc or
 /sys); those are read from ``statvfs`` and the mount table instead of probing with a scratch
-directory, so a dry run changes nothing on disk.
+directory, so a dry run changes nothing on disk. :func:`check_output` is the check the
+commands (``python -m trainers.prepare_data`` and the others) make of their outputs.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+
+from trainers.torchfree.errors import ConfigError
 
 # Kernel file systems nobody creates a directory in, even as root.
 PSEUDO_FILE_SYSTEMS = frozenset({
@@ -59,3 +63,31 @@ def unwritable_reason(path: Path) -> tuple[Path, str] | None:
     if fstype in PSEUDO_FILE_SYSTEMS:
         return probe, f"a {fstype} file system"
     return None
+
+
+def check_output(path: Path, flag: str, kind: str = "file",
+                 inputs: Sequence[Path] = ()) -> None:
+    """Raise ConfigError (one line, naming ``flag``) unless a command can write its output
+    ``path``, a ``kind`` of "file" (created or replaced) or "directory" (created or filled),
+    decided before anything is written: a file must not be a directory nor one of the
+    command's ``inputs``, and where it is to be created must be writable
+    (:func:`unwritable_reason`)."""
+    named = f"{flag} {path}" if flag else str(path)
+    if kind == "file" and path.is_dir():
+        raise ConfigError(f"{named} is a directory; pass the path of a {kind} to write")
+    if kind == "file" and any(path.resolve() == p.resolve() for p in inputs):
+        raise ConfigError(f"{named} is also an input, which writing it would destroy; pass "
+                          "another path")
+    reason = unwritable_reason(path.parent if kind == "file" else path)
+    if reason is not None:
+        where, why = reason
+        raise ConfigError(f"{named}: {where} cannot be written ({why}); pass a writable path")
+
+
+def check_run(path: Path) -> None:
+    """Raise ConfigError unless run (or checkpoint) directory ``path`` exists: what a command
+    that reads a run answers before loading torch to look for its checkpoints."""
+    if not path.is_dir():
+        why = "not a directory" if path.exists() else "no such directory"
+        raise ConfigError(f"{path}: no checkpoint there ({why}); pass a run directory holding "
+                          "checkpoints/step_* or a step_* directory")

@@ -1,0 +1,202 @@
+"""Every ``python -m trainers.*`` command besides the trainers (prepare_data, train_tokenizer,
+sample, export, plot, plan, memory, ray_train) given wrong input, as a new user would: each is
+refused with exit 2, no output and one ``trainers.X: error: ...`` line that names the fix,
+without a traceback, and nothing in its directory is written, truncated or removed (existing
+outputs included).
+
+Each row runs in a directory of its own holding the inputs below (:func:`_inputs`); the rows'
+processes run a few at a time, started once for the module (:func:`refusals`), since each is a
+fresh interpreter refusing in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.runs import REPO, child_env
+
+# The words by which an error line of ours names its fix (argparse's own lines name the option).
+FIX = re.compile(r"\b(pass|drop|pick|run it with)\b|e\.g\.")
+
+
+@dataclass(frozen=True)
+class Row:
+    """``python -m trainers.<module> *args``, run in the row's directory, whose one error line
+    holds ``fragment``; ``fix``: the line is one of ours and
+    names the fix (argparse's are not)."""
+
+    module: str
+    args: tuple[str, ...]
+    fragment: str
+    fix: bool = True
+
+    @property
+    def id(self) -> str:
+        return f"{self.module}:{' '.join(self.args) or '(none)'}"
+
+
+def rows(module: str, *cases: tuple) -> list[Row]:
+    return [Row(module, tuple(args.split()) if isinstance(args, str) else args, *rest)
+            for args, *rest in cases]
+
+
+UNWRITABLE = "/proc/trainers-test/out"  # under a kernel file system: refused even for root
+
+ROWS = [
+    *rows("prepare_data",
+          ("", "the following arguments are required: source, target", False),
+          ("nosuch.txt out.bin", "source nosuch.txt: no such file or directory"),
+          ("text.txt .", "target . is a directory; pass the path of a file"),
+          ("text.txt run", "target run is a directory"),
+          ("text.txt afile/out.bin", "afile cannot be written (not a directory); pass a writable"),
+          (f"text.txt {UNWRITABLE}.bin", "/proc cannot be written (a proc file system)"),
+          ("text.txt text.txt", "target text.txt is also an input, which writing it would destroy"),
+          ("empty.txt out.bin", "empty.txt is empty: no text to tokenize; pass non-empty files"),
+          ("text.txt new.bin --tokenizer nosuch.json", "--tokenizer nosuch.json: no such file"),
+          ("text.txt new.bin --tokenizer text.txt", "--tokenizer text.txt does not load"),
+          ("text.txt new.bin --bogus", "unrecognized arguments: --bogus; pass only options")),
+    *rows("train_tokenizer",
+          ("text.txt --output tok.json", "the following arguments are required: --vocab-size",
+           False),
+          ("text.txt --vocab-size x --output tok.json", "invalid int value: 'x'", False),
+          ("text.txt --vocab-size 0 --output tok.json", "--vocab-size 0 leaves no room for"),
+          ("text.txt --vocab-size -5 --output tok.json", "--vocab-size -5 leaves no room for"),
+          ("text.txt --vocab-size 1 --output tok.json", "pass --vocab-size 257 or more"),
+          ("text.txt --vocab-size 5000000000 --output tok.json",
+           "--vocab-size 5000000000: the trainer would allocate about 70 bytes per id"),
+          ("nosuch.txt --vocab-size 300 --output tok.json", "corpus nosuch.txt: no such file"),
+          ("text.txt --vocab-size 300 --output .", "--output . is a directory"),
+          ("text.txt --vocab-size 300 --output afile/tok.json", "afile cannot be written"),
+          (f"text.txt --vocab-size 300 --output {UNWRITABLE}.json", "/proc cannot be written"),
+          ("text.txt --vocab-size 300 --output text.txt", "--output text.txt is also an input"),
+          ("empty.txt --vocab-size 300 --output tok.json", "empty.txt is empty")),
+    *rows("sample",
+          ("run", "the following arguments are required: --prompt", False),
+          ("nosuch --prompt a", "nosuch: no checkpoint there (no such directory)"),
+          ("afile --prompt a", "afile: no checkpoint there (not a directory)"),
+          ("run --prompt a --tokens x", "argument --tokens: invalid int value: 'x'", False),
+          ("run --prompt a --tokens 0", "--tokens must be positive, got 0; pass 1 or more"),
+          ("run --prompt a --temperature -1", "--temperature must be >= 0, got -1; pass 0"),
+          ("run --prompt a --temperature nan", "--temperature must be >= 0, got nan"),
+          ("run --prompt a --top-k -2", "--top-k must be >= 0, got -2"),
+          (("run", "--prompt", ""), "--prompt is empty; pass at least one character")),
+    *rows("export",
+          ("run", "the following arguments are required: out", False),
+          ("nosuch hf", "nosuch: no checkpoint there (no such directory)"),
+          ("run afile", "afile already exists and is not an empty directory; pass a new"),
+          ("run logged", "logged already exists and is not an empty directory"),
+          (f"run {UNWRITABLE}", "/proc cannot be written (a proc file system)")),
+    *rows("plot",
+          ("", "the following arguments are required: RUN", False),
+          ("nosuch", "nosuch holds no metrics.jsonl; pass a run directory"),
+          ("run", "run holds no metrics.jsonl"),
+          ("unlogged", "unlogged/metrics.jsonl holds no step's metrics; pass a run that has"),
+          ("logged -o plot.txt", "--output plot.txt: matplotlib writes no .txt files; pass a .png"),
+          ("logged -o run", "--output run is a directory"),
+          (f"logged -o {UNWRITABLE}.png", "/proc cannot be written")),
+    *rows("plan",
+          ("--model nosuch", "--model nosuch: not a built-in size"),
+          ("--nodes 0", "--nodes must be positive, got 0; pass a positive one"),
+          ("--device-memory-gb nan", "--device-memory-gb must be positive, got nan"),
+          ("--layers -1", "--layers must be positive, got -1; pass a positive one or drop it"),
+          ("--seq-len 99999", "--seq-len must be in 1..2048, got 99999; pass one in that range"),
+          ("--gpu-type h100 --device cpu", "--gpu-type describes GPUs; drop it"),
+          ("--gpu-type nope", "argument --gpu-type: invalid choice: 'nope'", False),
+          ("--global-batch x", "argument --global-batch: invalid int value", False)),
+    *rows("memory",
+          ("--model nosuch", "--model nosuch: not a built-in size"),
+          ("--devices 0", "--devices must be positive, got 0; pass a positive one"),
+          ("--seq-len -3", "--seq-len must be in 1..2048, got -3"),
+          ("--dtype fp8", "argument --dtype: invalid choice: 'fp8'", False)),
+    *rows("ray_train",
+          ("", "the following arguments are required: --trainer, --workers", False),
+          ("--trainer zero --workers 2", "--trainer zero is not a trainer; pass ddp or fsdp"),
+          ("--trainer model_parallel --workers 2", "cannot run under Ray Train"),
+          ("--trainer ddp --workers 0", "--workers must be positive, got 0; pass 1 or more"),
+          ("--trainer ddp --workers 2 --cpus-per-worker 0", "--cpus-per-worker must be positive"),
+          ("--trainer ddp --workers 2 --cpus-per-worker nan", "--cpus-per-worker must be positive"),
+          ("--trainer ddp --workers 2 --address nohost", "--address nohost: expected HOST:PORT"),
+          ("--trainer ddp --workers 2 --address auto --num-cpus 2", "--num-cpus sizes the local"),
+          (f"--trainer ddp --workers 2 -- --output-dir {UNWRITABLE}", "/proc cannot be written"),
+          ("--trainer ddp --workers 2 -- --bogus", "unrecognized arguments: --bogus")),
+]
+
+
+def _inputs(directory: Path) -> None:
+    """What every row's directory holds: a text, an empty text, a plain file, an empty run
+    directory, a run directory with metrics only and one with no step's metrics, and outputs
+    that exist already."""
+    (directory / "text.txt").write_text("Some text to tokenize.\n" * 4)
+    (directory / "empty.txt").write_text("")
+    (directory / "afile").write_text("not a directory\n")
+    (directory / "run").mkdir()
+    (directory / "logged").mkdir()
+    (directory / "logged" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0})
+                                                        + "\n")
+    (directory / "unlogged").mkdir()
+    (directory / "unlogged" / "metrics.jsonl").write_text('{"loss": 5.0}\n{"ste')
+    (directory / "out.bin").write_bytes(b"an existing output")
+    (directory / "tok.json").write_text("{}")
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every path under ``directory``: its mode, modification time and contents (files)."""
+    return {str(p.relative_to(directory)): (p.stat().st_mode, p.stat().st_mtime_ns,
+                                            p.read_bytes() if p.is_file() else b"")
+            for p in sorted(directory.rglob("*"))}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    proc: subprocess.CompletedProcess[str]
+    before: dict[str, tuple[int, int, bytes]]
+    after: dict[str, tuple[int, int, bytes]]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[str, Refusal]:
+    """Each row's run, by row id: started a few at a time, each in a directory of its own."""
+    env = child_env()
+
+    def run(row: Row) -> Refusal:
+        directory = tmp_path_factory.mktemp("row")
+        _inputs(directory)
+        before = _snapshot(directory)
+        proc = subprocess.run([sys.executable, "-m", f"trainers.{row.module}", *row.args],
+                              cwd=directory, env=env, capture_output=True, text=True,
+                              timeout=120)
+        return Refusal(proc, before, _snapshot(directory))
+
+    with ThreadPoolExecutor(4) as pool:
+        return dict(zip([row.id for row in ROWS], pool.map(run, ROWS), strict=True))
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
+def test_bad_input_is_refused_in_one_line_and_nothing_is_written(refusals, row):
+    refusal = refusals[row.id]
+    proc = refusal.proc
+    report = f"exit {proc.returncode}\nstdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-3000:]}"
+    assert proc.returncode == 2, report
+    assert "Traceback" not in proc.stderr and proc.stdout == "", report
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"trainers.{row.module}: error: "), report
+    assert row.fragment in lines[0], report
+    if row.fix:
+        assert FIX.search(lines[0]), f"names no fix: {lines[0]}"
+    assert refusal.after == refusal.before, "the refused command changed its directory"
+
+
+@pytest.mark.parametrize("module", sorted({row.module for row in ROWS}))
+def test_help_is_printed_and_exits_0(module):
+    proc = subprocess.run([sys.executable, "-m", f"trainers.{module}", "--help"], cwd=REPO,
+                          env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
+    assert proc.stdout.startswith("usage: "), proc.stdout[:500]
