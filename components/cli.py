@@ -1,6 +1,6 @@
 """``torchx run`` as this repository installs it (the ``torchx.cli.cmds`` entry point ``run``).
 
-TorchX's own command, with three differences:
+TorchX's own command, with four differences:
 
 * Without ``-s`` (and no ``scheduler`` in a ``.torchxconfig``'s ``[cli:run]``) it runs on
   :data:`DEFAULT_SCHEDULER`, wherever it is started: TorchX would take the first scheduler in
