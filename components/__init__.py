@@ -1,2 +1,2 @@
-"""TorchX components: one per trainer, each returning an AppDef built on ``dist.torchrun``
-(``dist.ddp`` on torchx 0.7.0)."""
+"""TorchX components: one per trainer, each returning the AppDef that components.launch builds
+(a torchrun role)."""

@@ -1,6 +1,6 @@
 """``torchx run`` as this repository installs it (the ``torchx.cli.cmds`` entry point ``run``).
 
-TorchX's own command, with three differences:
+TorchX's own command, with four differences:
 
 * Without ``-s`` (and no ``scheduler`` in a ``.torchxconfig``'s ``[cli:run]``) it runs on
   :data:`DEFAULT_SCHEDULER`, wherever it is started: TorchX would take the first scheduler in
@@ -9,6 +9,12 @@ TorchX's own command, with three differences:
   them: a bool that is not True/False, a dict item without ``=``, or an option the component
   does not have (most often a trainer option given before the ``--``) is one line naming the
   fix, where TorchX would turn the bool off, print a traceback or a usage dump.
+* The scheduler's section of the ``.torchxconfig`` files it reads (TorchX's ``find_configs``:
+  ``$TORCHXCONFIG``, else ``~`` and the working directory) is checked first
+  (:func:`check_torchxconfig`): an option the scheduler does not have, or whose value does not
+  parse, is one line naming the file, the section, the key and the fix, where TorchX would
+  warn and drop the option, or print a traceback. (A file that is not INI at all fails earlier,
+  in TorchX's own reading of its ``[cli:...]`` sections while it builds its argument parsers.)
 * A :class:`~components.errors.ComponentArgumentError` raised where TorchX does not catch it
   (e.g. while reading ``-cfg`` run options) is printed as TorchX prints a component's error:
   one line, exit 1, nothing scheduled.
@@ -17,6 +23,7 @@ TorchX's own command, with three differences:
 from __future__ import annotations
 
 import argparse
+import configparser
 import difflib
 import inspect
 import logging
@@ -26,9 +33,11 @@ from pathlib import Path
 
 from torchx.cli import cmd_run
 from torchx.runner import config
+from torchx.schedulers import get_scheduler_factories
 from torchx.util.types import to_dict
 
 from components.errors import ComponentArgumentError
+from components.schedulers.run_options import CheckedRunopts
 
 DEFAULT_SCHEDULER = "local_cwd"
 _COMPONENTS_DIR = Path(__file__).resolve().parent
@@ -94,6 +103,44 @@ def _check_value(component: str, flag: str, value: str, annotation: str) -> None
                 f"...], e.g. {flag} OMP_NUM_THREADS=1,NCCL_DEBUG=WARN") from None
 
 
+def _section(path: str, name: str) -> list[tuple[str, str]]:
+    """The options of section ``name`` of the .torchxconfig at ``path`` (none without one), as
+    TorchX reads them (keys keep their case, ``%(key)s`` interpolated); ComponentArgumentError
+    (one line) for a file TorchX cannot read."""
+    parser = configparser.ConfigParser()
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    try:
+        parser.read(path)
+        return parser.items(name) if parser.has_section(name) else []
+    except configparser.Error as err:
+        raise ComponentArgumentError(
+            f"{path}: TorchX cannot read it ({' '.join(str(err).split())}); fix it as "
+            "https://pytorch.org/torchx/latest/runner.config.html shows") from None
+
+
+def check_torchxconfig(scheduler: str) -> None:
+    """Raise ComponentArgumentError (one line naming the file, section, key and the fix) for an
+    option in the ``[scheduler]`` section of a ``.torchxconfig`` that the scheduler does not
+    have or whose value does not parse (:meth:`CheckedRunopts.check_text`, with the bool words
+    of an INI file, which TorchX's loader reads). Options of schedulers whose run options are
+    not :class:`CheckedRunopts` are TorchX's to read."""
+    sections = {path: _section(path, scheduler) for path in config.find_configs()}
+    factory = get_scheduler_factories().get(scheduler)
+    if not any(sections.values()) or factory is None:
+        return
+    try:
+        opts = factory("torchx").run_opts()
+    except ImportError:
+        return  # a TorchX scheduler whose module is missing: TorchX says so when it runs
+    if not isinstance(opts, CheckedRunopts):
+        return
+    for path, items in sections.items():
+        for key, value in items:
+            if value != "None":  # TorchX reads the word None as the option unset
+                opts.check_text(key, value, f"{path} [{scheduler}] {key} = {value}",
+                                configparser.ConfigParser.BOOLEAN_STATES.__contains__, " = ")
+
+
 class CmdRun(cmd_run.CmdRun):
     """``torchx run`` with this repository's default scheduler and checks (module docstring)."""
 
@@ -106,6 +153,7 @@ class CmdRun(cmd_run.CmdRun):
         words = list(args.component_name_and_args or [])
         component = words[0] if words else ""
         try:
+            check_torchxconfig(args.scheduler)
             fn = _our_component(component) if component else None
             if fn is not None:
                 check_component_args(component, fn, words[1:])

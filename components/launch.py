@@ -1,82 +1,37 @@
-"""What every component shares: validate the trainer's arguments, then build on ``dist.torchrun``
-(``dist.ddp`` on torchx 0.7.0; :mod:`components.torchx_compat`).
+"""What every component shares: check the trainer's arguments, then build the AppDef that runs
+the trainer under torchrun.
 
 Each component is one ``def`` (TorchX reads its signature and docstring) that passes its
 arguments to :func:`trainer_app` with the name of its trainer in the table of trainers
-(:mod:`trainers.torchfree.trainer_table`). Validation uses the trainers' own parser
-(:func:`trainers.torchfree.config.parse_config`) for every data-parallel size the job's node range
-allows, so a bad argument fails here, in one line, before anything is scheduled.
+(:mod:`trainers.torchfree.trainer_table`). :func:`trainer_app` checks them first
+(:mod:`components.checks`: the trainers' own parser at every data-parallel size the job's node
+range allows, the placement, the memory pre-flight), so a bad argument fails here, in one line,
+before anything is scheduled. :func:`torchrun_app` then builds the AppDef itself: one role
+running ``torchrun`` with TorchX's rendezvous macros, as TorchX's own ``dist.ddp`` (torchx
+0.7.0) and ``dist.torchrun`` (TorchX main) do, plus torchrun's in-place restarts and the
+trainers' preemption signals; the same AppDef on both TorchX versions.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from torchx import specs
-from torchx.components import dist
-from torchx.specs.api import macros
+from torchx.components.structured_arg import StructuredNameArgument
+from torchx.specs import macros
 
+from components.checks import check_launch_specs, check_trainer, node_range
 from components.errors import ComponentArgumentError
-from components.torchx_compat import torchrun_app
-from trainers.torchfree import faults, trainer_table
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError, MissingPathError
-from trainers.torchfree.model_names import model_kind
-from trainers.torchfree.planner import GIB, check_fits
+from trainers.torchfree import trainer_table
 from trainers.torchfree.preemption_signals import parse_signals
-from trainers.torchfree.resources import GPU_MEMORY_GB, gpu_memory_gb, node_request
+from trainers.torchfree.resources import node_request
 
 # The image that container schedulers (kubernetes, local_docker) run; local_cwd ignores it.
 DEFAULT_IMAGE = "torchx-templates:cpu"
-
-
-def node_range(j: str) -> tuple[int, int, int]:
-    """``[min:]NxM`` as (min_nodes, max_nodes, nproc_per_node), checked."""
-    try:
-        min_nodes, max_nodes, nproc, _ = dist.parse_nnodes(j)
-    except (ValueError, IndexError):
-        raise ComponentArgumentError(
-            f"-j {j}: expected [min_nodes:]NODESxPROCS_PER_NODE, e.g. 1x2 or 1:2x4") from None
-    if nproc < 1:
-        raise ComponentArgumentError(f"-j {j}: nproc_per_node must be >= 1; pass e.g. -j 1x2")
-    if max_nodes < 1 or min_nodes < 1 or min_nodes > max_nodes:
-        raise ComponentArgumentError(
-            f"-j {j}: need 1 <= min_nodes <= nodes; pass e.g. -j 2x2 or -j 1:2x2")
-    return min_nodes, max_nodes, nproc
-
-
-def check_launch_specs(h: str | None, mounts: list[str] | None) -> specs.Resource | None:
-    """The named resource ``h`` (None without one); ComponentArgumentError (one line) for a
-    named resource TorchX does not know or a ``--mounts`` spec it cannot parse, where TorchX
-    itself would end in a traceback."""
-    resource = None
-    if h is not None:
-        try:
-            resource = specs.resource(h=h)  # named_resources[h] warns on TorchX main
-        except KeyError as err:
-            raise ComponentArgumentError(f"-h {h}: {err.args[0]}") from None
-    if mounts:
-        try:
-            specs.parse_mounts(mounts)
-        except (KeyError, ValueError) as err:
-            detail = f"no {err.args[0]}=" if err.args[0] in ("src", "dst") else err.args[0]
-            raise ComponentArgumentError(
-                f"--mounts {','.join(mounts)}: {detail}; expected "
-                "type=bind|volume|device,src=SOURCE,dst=/PATH[,readonly], e.g. "
-                "type=volume,src=my-claim,dst=/data") from None
-    return resource
-
-
-def check_kill_point(env: dict[str, str] | None, world_size: int) -> None:
-    """Raise ConfigError for a ``TRAINERS_KILL_AT`` in ``env`` that does not parse or names a
-    rank the job never has (at most ``world_size`` ranks), so it would never fire."""
-    value = (env or {}).get(faults.ENV_VAR, "")
-    point = faults.kill_point(value)
-    if point is not None and point.rank >= world_size:
-        raise ConfigError(f"{faults.ENV_VAR}={value} names rank {point.rank}, but the job has "
-                          f"ranks 0-{world_size - 1}; pass a rank below {world_size}")
 
 
 def rendezvous_port(port: int, max_nodes: int) -> int:
@@ -86,7 +41,8 @@ def rendezvous_port(port: int, max_nodes: int) -> int:
     that concurrent multi-node jobs sharing a host (``local_cwd``, whose "nodes" are all this
     machine, or Slurm nodes shared between jobs) each host their own store instead of joining
     the first job's store on a fixed port and failing when it exits. A single-node job gets
-    ``port`` unchanged (``dist.torchrun`` then rendezvouses on a free port of its own host).
+    ``port`` unchanged (:func:`torchrun_command` then rendezvouses on a free port of its own
+    host).
     """
     if not 0 <= port <= 65535:
         raise ComponentArgumentError(
@@ -149,56 +105,102 @@ def trainer_app(
     gpu_type: str | None,
 ) -> specs.AppDef:
     """The AppDef that runs trainer ``trainer`` (``python -m trainers.<trainer> <script_args>``)
-    under torchrun via dist.torchrun (dist.ddp on torchx 0.7.0).
+    under torchrun (:func:`torchrun_app`), once its arguments are checked.
 
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
-    The trainer's placement check (its ``check_placement``: one process per
-    GPU, or model_parallel's one process per node) sees the processes and GPUs per node (those
-    of the named resource ``h`` when given); ``cpu`` and ``memMB`` of 0 take the per-node
-    defaults of :func:`trainers.torchfree.resources.node_request`; a ``TRAINERS_KILL_AT`` in
-    ``env`` is checked as the trainers will read it.
+    The nodes ask for the named resource ``h`` when given, else for ``cpu`` and ``memMB``
+    (0: the per-node defaults of :func:`trainers.torchfree.resources.node_request`) and
+    ``gpu``; :func:`check_trainer` checks the trainer's arguments against them.
     ``max_retries`` is both torchrun's in-place restarts and the scheduler's retries.
-    The memory pre-flight (:func:`trainers.torchfree.planner.check_fits`) runs against one device
-    of ``device_memory_gb`` or of ``gpu_type`` (a GPU job must name one), or on CPU-only jobs
-    against the node's memory shared by its processes; models in files (``hf:DIR``,
-    ``MODULE:ATTR``) are not checked with ``check_paths`` false.
     """
     min_nodes, max_nodes, nproc = node_range(j)
-    resource = check_launch_specs(h, mounts)
+    named = check_launch_specs(h, mounts)
     args = list(script_args)
     if not any(a == "--output-dir" or a.startswith("--output-dir=") for a in args):
         args += ["--output-dir", f"outputs/{macros.app_id}"]
-    world_sizes = [nodes * nproc for nodes in range(min_nodes, max_nodes + 1)]
-    gpus = resource.gpu if resource is not None else gpu
+    gpus = named.gpu if named is not None else gpu
     cpu, memMB = node_request(gpus, cpu, memMB)
-    try:
-        entry = trainer_table.trainer(trainer)
-        cfg = parse_config(args, trainer, world_sizes=world_sizes, check_paths=check_paths)
-        entry.check_placement(cfg, nproc, gpus)
-        check_kill_point(env, world_sizes[-1])
-        node_mb = resource.memMB if resource is not None else memMB
-        memory, more = rank_memory(nproc, gpus, node_mb, device_memory_gb, gpu_type)
-        # A model in files (hf:DIR, MODULE:ATTR) is read only where the paths are checked.
-        if check_paths or model_kind(cfg.model) == "builtin":
-            try:
-                check_fits(cfg, trainer, world_sizes[0], nproc, min_nodes, memory,
-                           "cuda" if gpus > 0 else "cpu")
-            except ConfigError as err:
-                raise ConfigError(f"{err}; or {more}") from None
-    except MissingPathError as err:
-        raise ComponentArgumentError(
-            f"trainers.{trainer}: {err}; if it exists only where the job runs, pass "
-            "--check_paths False") from None
-    except ConfigError as err:
-        raise ComponentArgumentError(f"trainers.{trainer}: {err}") from None
-    app = torchrun_app(*args, m=entry.module, image=image, name=trainer, h=h,
-                       cpu=cpu, gpu=gpu, memMB=memMB, j=j, env=env, max_retries=max_retries,
-                       rdzv_port=rendezvous_port(rdzv_port, max_nodes), mounts=mounts)
-    if max_retries:
-        restart_in_place(app, max_retries)
-    forward_preemption(app, parse_signals(cfg.preemption_signals))
-    return app
+    resource = named or specs.resource(cpu=cpu, gpu=gpu, memMB=memMB)
+    cfg = check_trainer(trainer, args, nodes=range(min_nodes, max_nodes + 1), nproc=nproc,
+                        gpus=gpus, node_mb=resource.memMB, env=env, check_paths=check_paths,
+                        device_memory_gb=device_memory_gb, gpu_type=gpu_type)
+    return torchrun_app(trainer_table.trainer(trainer).module, *args, name=trainer, j=j,
+                        image=image, resource=resource, env=env, max_retries=max_retries,
+                        rdzv_port=rdzv_port, mounts=mounts,
+                        signals=parse_signals(cfg.preemption_signals))
+
+
+def torchrun_app(module: str, *args: str, j: str, name: str | None = None,
+                 image: str = DEFAULT_IMAGE, resource: specs.Resource | None = None,
+                 env: Mapping[str, str] | None = None, max_retries: int = 0, rdzv_port: int = 0,
+                 mounts: list[str] | None = None,
+                 signals: Sequence[signal.Signals] = ()) -> specs.AppDef:
+    """The AppDef ``name`` (default: the module's last part) of one role, as many nodes as
+    ``j`` (``[min_nodes:]NODESxPROCS``, see :func:`node_range`) asks for, each running
+    ``python -m module *args`` in ``image`` under torchrun (:func:`torchrun_command`).
+
+    ``resource`` is each node's (default: a CPU node of
+    :func:`trainers.torchfree.resources.node_request`); ``mounts`` are TorchX's mount specs;
+    ``port_map`` names the rendezvous port (:func:`rendezvous_port`). A failed worker is
+    restarted in place by torchrun ``max_retries`` times, and the role as a whole as often by
+    the scheduler (TorchX's APPLICATION retry policy). The environment is :func:`torchrun_env`.
+    """
+    min_nodes, max_nodes, nproc = node_range(j)
+    port = rendezvous_port(rdzv_port, max_nodes)
+    role_name = module.rpartition(".")[2]
+    command = torchrun_command(module, args, nodes=(min_nodes, max_nodes), nproc=nproc,
+                               rdzv_port=port, max_restarts=max_retries)
+    if resource is None:
+        cpu, mem_mb = node_request(0, 0, 0)
+        resource = specs.resource(cpu=cpu, memMB=mem_mb)
+    role = specs.Role(
+        name=role_name,
+        image=image,
+        entrypoint="bash",
+        args=["-c", shell_line(command)],
+        env=torchrun_env(env, name or role_name, module, signals),
+        min_replicas=min_nodes,
+        num_replicas=max_nodes,
+        resource=resource,
+        port_map={"c10d": port},
+        max_retries=max_retries,
+        retry_policy=specs.RetryPolicy.APPLICATION,
+        mounts=specs.parse_mounts(mounts) if mounts else [],
+    )
+    return specs.AppDef(name=name or role_name, roles=[role])
+
+
+def torchrun_command(module: str, args: Sequence[str], *, nodes: tuple[int, int], nproc: int,
+                     rdzv_port: int, max_restarts: int) -> list[str]:
+    """``torchrun ... -m module *args`` for ``nodes`` (min, max) nodes of ``nproc`` workers.
+
+    The c10d rendezvous store is on the first node, at the host in the variable the scheduler
+    names by TorchX's ``rank0_env`` macro (localhost where it is unset or empty: some
+    schedulers set it on every node but the first), which the shell expands
+    (:class:`ShellExpanded`); a single node rendezvouses on a free port of its own
+    (``localhost:0``). The rendezvous id is the app id, so restarted nodes rejoin their own job.
+    ``--tee 3`` copies each worker's stdout and stderr to the node's; ``--role ''`` as TorchX.
+    """
+    min_nodes, max_nodes = nodes
+    endpoint = (ShellExpanded(f"$${{{macros.rank0_env}:=localhost}}:{rdzv_port}")
+                if max_nodes > 1 else "localhost:0")
+    return ["torchrun", "--max_restarts", str(max_restarts),
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", macros.app_id,
+            "--nnodes", f"{min_nodes}:{max_nodes}" if min_nodes < max_nodes else str(max_nodes),
+            "--nproc_per_node", str(nproc), "--tee", "3", "--role", "",
+            "-m", module, *args]
+
+
+class ShellExpanded(str):
+    """A word of a command that the shell expands when it runs: :func:`shell_line` leaves it
+    unquoted."""
+
+
+def shell_line(words: Sequence[str]) -> str:
+    """``words`` as one command line for ``bash -c``: each quoted (``shlex.quote``) but the
+    :class:`ShellExpanded` ones."""
+    return " ".join(w if isinstance(w, ShellExpanded) else shlex.quote(w) for w in words)
 
 
 # Signals torchrun forwards to its workers by default (torch.distributed.run --signals-to-handle).
@@ -209,50 +211,19 @@ TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 TORCHRUN_SHUTDOWN_S = 900
 
 
-def forward_preemption(app: specs.AppDef, signals: tuple[signal.Signals, ...]) -> None:
-    """Make torchrun forward the trainers' preemption ``signals`` to its workers (it forwards
-    only SIGTERM, SIGINT, SIGHUP and SIGQUIT by default and dies of SIGUSR1) and wait for them
-    to save (``PET_SIGNALS_TO_HANDLE``, ``PET_SHUTDOWN_TIMEOUT``); a value the user set in
-    ``env`` is kept."""
-    names = list(TORCHRUN_SIGNALS) + [s.name for s in signals if s.name not in TORCHRUN_SIGNALS]
-    for role in app.roles:
-        role.env.setdefault("PET_SIGNALS_TO_HANDLE", ",".join(names))
-        role.env.setdefault("PET_SHUTDOWN_TIMEOUT", str(TORCHRUN_SHUTDOWN_S))
-
-
-def rank_memory(nproc: int, gpus: int, node_mb: int, device_memory_gb: float,
-                gpu_type: str | None) -> tuple[int, str]:
-    """(bytes one rank may use, how to give it more) for the memory pre-flight.
-
-    A GPU job's rank has one device: of ``device_memory_gb`` or ``gpu_type``, exactly one of
-    which it must name; a CPU job's ranks share the node's ``node_mb``.
-    """
-    if device_memory_gb < 0:
-        raise ConfigError(f"--device_memory_gb {device_memory_gb:g} is negative; pass the GB of "
-                          "one GPU, e.g. --device_memory_gb 80")
-    if gpus == 0:
-        if gpu_type is not None or device_memory_gb:
-            given = "--gpu_type" if gpu_type is not None else "--device_memory_gb"
-            raise ConfigError(f"{given} describes GPUs, but the job asks for none; pass --gpu N "
-                              f"(one per process), or drop {given}")
-        return (node_mb * 2**20 // nproc,
-                f"pass more --memMB (now {node_mb} MB per node, shared by {nproc} processes)")
-    if gpu_type is not None and device_memory_gb:
-        raise ConfigError(f"--gpu_type {gpu_type} and --device_memory_gb {device_memory_gb:g} "
-                          "both give the GPUs' memory; pass one of them")
-    if gpu_type is None and not device_memory_gb:
-        raise ConfigError(f"--gpu {gpus}: name the GPUs so the job is checked to fit before it "
-                          f"is scheduled; pass --gpu_type (one of {', '.join(GPU_MEMORY_GB)}) "
-                          "or --device_memory_gb N (GB of one GPU)")
-    gb = device_memory_gb or gpu_memory_gb(str(gpu_type))
-    return int(gb * GIB), "use GPUs with more memory (--gpu_type or --device_memory_gb)"
-
-
-def restart_in_place(app: specs.AppDef, max_restarts: int) -> None:
-    """Let torchrun restart failed workers ``max_restarts`` times (``--max_restarts``, which
-    dist.torchrun does not expose): its command is the ``bash -c`` script of every role."""
-    for role in app.roles:
-        script = role.args[-1]
-        if not script.startswith("torchrun "):
-            raise AssertionError(f"dist.torchrun's script no longer starts with torchrun: {script}")
-        role.args[-1] = script.replace("torchrun ", f"torchrun --max_restarts {max_restarts} ", 1)
+def torchrun_env(env: Mapping[str, str] | None, name: str, module: str,
+                 signals: Sequence[signal.Signals]) -> dict[str, str]:
+    """``env`` and what TorchX's ``dist`` components add: the run and experiment names of
+    TorchX's trackers (from the app ``name``), and ``LOGLEVEL`` (the submitter's, else WARNING);
+    plus what makes torchrun forward the trainers' preemption ``signals`` to its workers (it
+    forwards only SIGTERM, SIGINT, SIGHUP and SIGQUIT by default and dies of SIGUSR1) and wait
+    for them to save (``PET_SIGNALS_TO_HANDLE``, ``PET_SHUTDOWN_TIMEOUT``). A value the user set
+    in ``env`` is kept, but for the tracker names."""
+    names = StructuredNameArgument.parse_from(name=name, m=module)
+    signal_names = [*TORCHRUN_SIGNALS, *(s.name for s in signals if s.name not in TORCHRUN_SIGNALS)]
+    env = {**(env or {}), "TORCHX_TRACKING_EXPERIMENT_NAME": names.experiment_name,
+           "TORCHX_TRACKING_RUN_NAME": names.run_name}
+    env.setdefault("LOGLEVEL", os.getenv("LOGLEVEL", "WARNING"))
+    env.setdefault("PET_SIGNALS_TO_HANDLE", ",".join(signal_names))
+    env.setdefault("PET_SHUTDOWN_TIMEOUT", str(TORCHRUN_SHUTDOWN_S))
+    return env

@@ -4,8 +4,6 @@ The components and schedulers work on torchx 0.7.0 (pyproject.toml's pin) and on
 current main (PyPI's ``torchx-nightly``; ``.ci/nightly-env`` builds that environment). Each
 difference is detected by the feature, not by a version number:
 
-* ``dist.ddp`` is a deprecated alias of ``dist.torchrun`` on main (it warns on every call):
-  :func:`torchrun_app` calls ``torchrun`` where it exists, with ``ddp``'s reading of ``-j``.
 * Schedulers receive their run options as a typed dataclass on main (``StructuredOpts``, read as
   ``cfg.option`` by the built-in schedulers) and as a plain dict on 0.7.0: :func:`replace_cfg`
   changes options and keeps the type.
@@ -24,22 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from torchx import specs
-from torchx.components import dist
 from torchx.specs import CfgVal
 
 Cfg = TypeVar("Cfg", bound=Mapping[str, CfgVal])
-
-
-def torchrun_app(*script_args: str, j: str, **kwargs: Any) -> specs.AppDef:
-    """``dist.torchrun`` (TorchX main) or ``dist.ddp`` (0.7.0) with the same arguments; a bare
-    ``-j N`` is N processes on one node, as ``dist.ddp`` reads it on both."""
-    torchrun = getattr(dist, "torchrun", None)
-    if torchrun is None:
-        return dist.ddp(*script_args, j=j, **kwargs)
-    return torchrun(*script_args, j=f"1x{j}" if j.isdigit() else j, **kwargs)
 
 
 def replace_cfg(cfg: Cfg, **changes: CfgVal) -> Cfg:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
 import types
 import typing
+import warnings
 
 import pytest
 
@@ -95,3 +97,55 @@ def test_torchx_builtins_lists_every_component_beside_torchxs_own():
     dry = torchx_cli("run", "--dryrun", "fsdp", "-j", "1x2", "--", "--model", "tiny")
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert "trainers.fsdp" in dry.stdout and "'name': 'fsdp'" in dry.stdout
+
+
+def test_the_appdef_is_a_torchrun_role_with_torchxs_macros():
+    """What TorchX's dist.ddp (0.7.0) and dist.torchrun (main) write, plus torchrun's in-place
+    restarts and the trainers' preemption signals: the same AppDef on both (.ci/run runs this
+    module on TorchX main too), built without a warning."""
+    from torchx.specs import RetryPolicy, VolumeMount
+
+    from components.fsdp import fsdp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        app = fsdp("--model", "tiny", j="1:2x2", env={"OMP_NUM_THREADS": "1"}, max_retries=3,
+                   rdzv_port=29511, mounts=["type=volume", "src=claim", "dst=/data"])
+    (role,) = app.roles
+    assert (app.name, role.name, role.image, role.entrypoint) == (
+        "fsdp", "fsdp", launch.DEFAULT_IMAGE, "bash")
+    assert role.args == ["-c", (
+        "torchrun --max_restarts 3 --rdzv_backend c10d "
+        "--rdzv_endpoint $${${rank0_env}:=localhost}:29511 --rdzv_id '${app_id}' --nnodes 1:2 "
+        "--nproc_per_node 2 --tee 3 --role '' -m trainers.fsdp --model tiny "
+        "--output-dir 'outputs/${app_id}'")]
+    assert role.env == {
+        "OMP_NUM_THREADS": "1", "TORCHX_TRACKING_EXPERIMENT_NAME": "default-experiment",
+        "TORCHX_TRACKING_RUN_NAME": "fsdp", "LOGLEVEL": os.getenv("LOGLEVEL", "WARNING"),
+        "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        "PET_SHUTDOWN_TIMEOUT": "900"}
+    assert (role.min_replicas, role.num_replicas, role.max_retries, role.retry_policy) == (
+        1, 2, 3, RetryPolicy.APPLICATION)
+    assert role.port_map == {"c10d": 29511}
+    assert role.mounts == [VolumeMount(src="claim", dst_path="/data", read_only=False)]
+
+
+def test_one_node_rendezvouses_on_a_free_port_of_its_own():
+    (role,) = launch.torchrun_app("trainers.ddp", "--steps", "3", j="2").roles
+    assert role.num_replicas == 1
+    assert role.args[-1] == (
+        "torchrun --max_restarts 0 --rdzv_backend c10d --rdzv_endpoint localhost:0 --rdzv_id "
+        "'${app_id}' --nnodes 1 --nproc_per_node 2 --tee 3 --role '' -m trainers.ddp --steps 3")
+    assert role.port_map == {"c10d": 0}
+    assert (role.resource.cpu, role.resource.gpu, role.resource.memMB) == (2, 0, 4096)
+
+
+def test_a_word_with_spaces_reaches_the_trainer_as_one_argument(tmp_path):
+    """The bash script is rendered from a list of words: bash hands them back unchanged."""
+    import subprocess
+
+    words = ["--data", str(tmp_path / "my corpus"), "--note", "it's $HOME"]
+    (role,) = launch.torchrun_app("trainers.ddp", *words, j="1x1").roles
+    script = role.args[-1].replace("torchrun ", "printf '%s\\n' ", 1)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[-len(words):] == words

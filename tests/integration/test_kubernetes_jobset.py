@@ -10,12 +10,12 @@ import re
 import pytest
 
 from components.errors import ComponentArgumentError
+from components.launch import torchrun_app
 from components.schedulers.jobset import PRIORITY_LABEL, QUEUE_LABEL, RANK0_ENV
 from components.schedulers.k8s_common import POD_OPTS
 from components.schedulers.k8s_pod import HOME_DIR, OUTPUTS_DIR, USER_ID
 from components.schedulers.k8s_preemption import DEFAULT_TERMINATION_GRACE_S
 from components.schedulers.kubernetes_jobset import KubernetesJobSetScheduler
-from components.torchx_compat import torchrun_app
 from tests.integration.test_kubernetes_render import CASES, TRAINER_ARGS
 from tests.support.k8s import REPO, dryrun_args, jobset_pods, render, validate_core
 from tests.support.runs import torchx_cli
@@ -177,7 +177,7 @@ BAD_INPUT = [
 def test_bad_input_is_one_line_before_submission(cfg, fragment):
     scheduler = KubernetesJobSetScheduler("test")
     with pytest.raises(ComponentArgumentError) as info:
-        scheduler.submit_dryrun(torchrun_app(m="trainers.ddp", j="2x1"),
+        scheduler.submit_dryrun(torchrun_app("trainers.ddp", j="2x1"),
                                 scheduler.run_opts().cfg_from_str(cfg))
     assert fragment in str(info.value) and "\n" not in str(info.value)
     assert str(info.value).startswith("kubernetes_jobset: "), info.value  # the shared parsers'
@@ -190,10 +190,10 @@ def test_pod_hostname_too_long_for_any_app_id_is_refused_on_every_submit():
     cfg = scheduler.run_opts().cfg_from_str("local_queue=q,shm_size=256Mi")
     for _ in range(20):
         # 40 + 1 + 14 + len("-ddp-0-1") = 63 fits; 41 reaches 64
-        scheduler.submit_dryrun(torchrun_app(m="trainers.ddp", j="2x1", name="a" * 40), cfg)
+        scheduler.submit_dryrun(torchrun_app("trainers.ddp", j="2x1", name="a" * 40), cfg)
         with pytest.raises(ComponentArgumentError, match=r"kubernetes_jobset: pod hostname "
                            r"'a{41}-\w+-ddp-0-1' can reach 64 characters"):
-            scheduler.submit_dryrun(torchrun_app(m="trainers.ddp", j="2x1", name="a" * 41), cfg)
+            scheduler.submit_dryrun(torchrun_app("trainers.ddp", j="2x1", name="a" * 41), cfg)
 
 
 def test_elastic_size_warns_in_one_line_and_runs_the_maximum():

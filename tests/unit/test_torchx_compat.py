@@ -4,21 +4,8 @@ this module in both environments)."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
-from components.torchx_compat import replace_cfg, torchrun_app
-
-
-def test_torchrun_app_warns_nothing_and_reads_a_bare_j_as_processes_on_one_node():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # dist.ddp warns on TorchX main: it must not be called
-        app = torchrun_app("--steps", "3", m="trainers.ddp", j="2", name="ddp", h=None, cpu=1,
-                           gpu=0, memMB=1024, env=None, max_retries=0, rdzv_port=0,
-                           mounts=None, image="i")
-    (role,) = app.roles
-    assert role.num_replicas == 1
-    assert " --nnodes 1 --nproc_per_node 2 " in role.args[-1]
-    assert role.args[-1].startswith("torchrun ") and role.args[-1].endswith("--steps 3")
+from components.torchx_compat import replace_cfg
 
 
 @dataclasses.dataclass
