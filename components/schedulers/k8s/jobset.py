@@ -1,31 +1,20 @@
 """``kubernetes_jobset``: TorchX jobs as JobSets (``jobset.x-k8s.io/v1alpha2``) that Kueue
-admits, with the same pods as ``kubernetes``.
-
-Registered as ``kubernetes_jobset`` under the ``torchx.schedulers`` entry points
-(pyproject.toml). ``_submit_dryrun`` renders the AppDef (:func:`app_to_jobset`) and hardens
-every pod template with :func:`components.schedulers.k8s.pod.customize_pod`, from the same run
-options as the ``kubernetes`` scheduler (:mod:`components.schedulers.k8s.base`), plus
-``local_queue`` (required: the Kueue LocalQueue, a DNS-1123 label) and
-``workload_priority_class``. ``describe``, ``log_iter``, ``list`` and ``cancel`` use the
-Kubernetes API (TorchX's client, kube config as for ``kubernetes``); states come from
-:mod:`components.schedulers.k8s.states`.
-
-Rendering: one replicatedJob per role, a single Indexed Job whose ``completions`` and
-``parallelism`` are the role's replicas (``-j N``), each pod built by TorchX's own
-``role_to_pod`` (so resources, ports, mounts and env are TorchX's). Every pod of a role shares
-one template, so TorchX's per-replica macro ``${replica_id}`` becomes the Job's
-``$(JOB_COMPLETION_INDEX)``, which Kubernetes expands in the command, args and env.
-
-Rendezvous: JobSet publishes every pod as ``<jobset>-<replicatedJob>-<jobIndex>-<podIndex>`` in
-the JobSet's headless service (the subdomain, the JobSet's name; not-ready addresses published),
-and :data:`RANK0_ENV` names the first pod of the first role in every pod, the first pod
-included, so torchrun's c10d endpoint is that pod for all of them. Restarts:
+admits, with the same hardened pods and pod options as ``kubernetes``
+(:mod:`components.schedulers.k8s.base`), plus ``local_queue`` (required: the Kueue LocalQueue,
+a DNS-1123 label) and ``workload_priority_class``. ``describe``, ``log_iter``, ``list`` and
+``cancel`` use the Kubernetes API (TorchX's client, as ``kubernetes``); states come from
+:mod:`components.schedulers.k8s.states`, restarts from
 :func:`components.schedulers.k8s.preemption.failure_policy`.
 
-Elastic ``-j MIN:MAX``: JobSet has no minimum size, so the JobSet runs MAX pods, admitted by
-Kueue as one gang; torchrun keeps ``--nnodes MIN:MAX``, so training starts once MIN pods have
-joined and re-forms when the rest join. A one-line warning says so before submission.
-Bad options raise :class:`components.errors.ComponentArgumentError` before anything is
+:func:`app_to_jobset` makes one replicatedJob per role: an Indexed Job whose ``completions``
+and ``parallelism`` are the role's replicas, each pod built by TorchX's ``role_to_pod``. One
+template serves every pod of a role, so TorchX's ``${replica_id}`` becomes the Job's
+``$(JOB_COMPLETION_INDEX)``. JobSet publishes each pod as
+``<jobset>-<replicatedJob>-0-<index>`` in the JobSet's headless service (not-ready addresses
+included), and :data:`RANK0_ENV` names the first pod of the first role in every pod, itself
+included: torchrun's c10d endpoint. Elastic ``-j MIN:MAX``: JobSet has no minimum size, so MAX
+pods run, admitted as one gang; torchrun keeps ``--nnodes MIN:MAX`` (a one-line warning says
+so). Bad options raise :class:`components.errors.ComponentArgumentError` before anything is
 submitted; ``torchx run`` prints that one line and exits 1.
 """
 
@@ -57,25 +46,10 @@ from torchx.schedulers.kubernetes_scheduler import (
 from torchx.specs import AppDef, CfgVal, macros, runopts
 from torchx.util.strings import normalize_str
 
+from components.schedulers.k8s import options, states
 from components.schedulers.k8s.base import HardenedKubernetesScheduler
-from components.schedulers.k8s.options import (
-    check_derived_names,
-    check_label,
-    check_object_names,
-    check_subdomain,
-    refuse,
-)
 from components.schedulers.k8s.pod import customize_pod, pod_options, processes_per_pod
 from components.schedulers.k8s.preemption import failure_policy
-from components.schedulers.k8s.states import (
-    COMPLETION_INDEX_LABEL,
-    JOBSET_NAME_LABEL,
-    QUEUE_LABEL,
-    REPLICATED_JOB_LABEL,
-    app_state,
-    describe_response,
-    log_lines,
-)
 from components.torchx_compat import dryrun_cfg
 
 NAME = "kubernetes_jobset"
@@ -118,7 +92,7 @@ def app_to_jobset(app: AppDef, name: str, local_queue: str, cfg: Mapping[str, An
         replicated_jobs.append({"name": rj_name, "replicas": 1, "template": {"spec": {
             "completionMode": "Indexed", "completions": replicas, "parallelism": replicas,
             "backoffLimit": 0, "template": pod}}})
-    labels = {QUEUE_LABEL: local_queue}
+    labels = {states.QUEUE_LABEL: local_queue}
     if cfg.get("workload_priority_class"):
         labels[PRIORITY_LABEL] = cfg["workload_priority_class"]
     return {
@@ -152,14 +126,14 @@ def check_cfg(cfg: Mapping[str, Any]) -> str:
     """The LocalQueue of ``cfg`` once it and the other object names are valid; else raise."""
     queue = cfg.get("local_queue")
     if not queue:
-        raise refuse(NAME, "no Kueue LocalQueue given; pass -cfg local_queue=torchx-templates "
-                     "(the LocalQueue k8s/overlays/kueue creates; kubectl get localqueues -n "
-                     "NAMESPACE lists others) or set local_queue in .torchxconfig's "
-                     f"[{NAME}] section")
-    check_label(NAME, "local_queue", queue)
+        raise options.refuse(
+            NAME, "no Kueue LocalQueue given; pass -cfg local_queue=torchx-templates (the "
+            "LocalQueue k8s/overlays/kueue creates; kubectl get localqueues -n NAMESPACE lists "
+            f"others) or set local_queue in .torchxconfig's [{NAME}] section")
+    options.check_label(NAME, "local_queue", queue)
     if cfg.get("workload_priority_class"):
-        check_subdomain(NAME, "workload_priority_class", cfg["workload_priority_class"])
-    check_object_names(NAME, cfg)
+        options.check_subdomain(NAME, "workload_priority_class", cfg["workload_priority_class"])
+    options.check_object_names(NAME, cfg)
     return queue
 
 
@@ -170,7 +144,7 @@ def check_names(jobset: dict[str, Any]) -> None:
     hosts = [("pod hostname",
               pod_hostname(name, rj["name"], rj["template"]["spec"]["completions"] - 1))
              for rj in jobset["spec"]["replicatedJobs"]]
-    check_derived_names(NAME, name, hosts)
+    options.check_derived_names(NAME, name, hosts)
 
 
 def warn_elastic(app: AppDef) -> None:
@@ -243,9 +217,9 @@ class KubernetesJobSetScheduler(HardenedKubernetesScheduler, Scheduler[Mapping[s
                 body=dryrun_info.request.resource)
         except ApiException as err:
             if err.status == 404:
-                raise refuse(NAME, f"the cluster has no JobSet API ({API_GROUP}/{API_VERSION}); "
-                             "install JobSet v0.12.0 and Kueue v0.19.2 (docs/kubernetes.md)"
-                             ) from None
+                raise options.refuse(
+                    NAME, f"the cluster has no JobSet API ({API_GROUP}/{API_VERSION}); install "
+                    "JobSet v0.12.0 and Kueue v0.19.2 (docs/kubernetes.md)") from None
             raise
         return f"{namespace}:{resp['metadata']['name']}"
 
@@ -255,7 +229,7 @@ class KubernetesJobSetScheduler(HardenedKubernetesScheduler, Scheduler[Mapping[s
         from kubernetes import client
 
         api = self.api_client()
-        labels = ",".join(filter(None, [f"{JOBSET_NAME_LABEL}={name}", selector]))
+        labels = ",".join(filter(None, [f"{states.JOBSET_NAME_LABEL}={name}", selector]))
         resp = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=labels)
         pods = [cast(dict[str, Any], api.sanitize_for_serialization(p)) for p in resp.items]
         return sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
@@ -272,7 +246,7 @@ class KubernetesJobSetScheduler(HardenedKubernetesScheduler, Scheduler[Mapping[s
             if err.status == 404:
                 return None
             raise
-        return describe_response(app_id, jobset, self.jobset_pods(namespace, name))
+        return states.describe_response(app_id, jobset, self.jobset_pods(namespace, name))
 
     def log_iter(self, app_id: str, role_name: str, k: int = 0, regex: str | None = None,
                  since: datetime | None = None, until: datetime | None = None,
@@ -285,8 +259,8 @@ class KubernetesJobSetScheduler(HardenedKubernetesScheduler, Scheduler[Mapping[s
         if streams not in (None, Stream.COMBINED):
             raise ValueError(f"{NAME}: only the combined log stream is available")
         namespace, name = app_id.split(":")
-        selector = (f"{REPLICATED_JOB_LABEL}={normalize_str(role_name)},"
-                    f"{COMPLETION_INDEX_LABEL}={k}")
+        selector = (f"{states.REPLICATED_JOB_LABEL}={normalize_str(role_name)},"
+                    f"{states.COMPLETION_INDEX_LABEL}={k}")
         pods = self.jobset_pods(namespace, name, selector)
         if not pods:
             raise ValueError(f"{NAME}: {app_id} has no pod {k} of role {role_name} (yet)")
@@ -298,7 +272,7 @@ class KubernetesJobSetScheduler(HardenedKubernetesScheduler, Scheduler[Mapping[s
         # asks for watch=True instead of follow=True (kubernetes-client/python#2596)
         resp = client.CoreV1Api(self.api_client()).read_namespaced_pod_log(
             **args, _preload_content=False)
-        lines = log_lines(resp.stream(4096)) if should_tail else split_lines(
+        lines = states.log_lines(resp.stream(4096)) if should_tail else split_lines(
             resp.data.decode("utf-8", errors="replace"))
         return filter_regex(regex, lines) if regex else lines
 
@@ -308,7 +282,7 @@ class KubernetesJobSetScheduler(HardenedKubernetesScheduler, Scheduler[Mapping[s
             group=API_GROUP, version=API_VERSION, namespace=namespace, plural=PLURAL,
             timeout_seconds=30)
         return [ListAppResponse(app_id=f"{namespace}:{item['metadata']['name']}",
-                                state=app_state(item)[0]) for item in resp["items"]]
+                                state=states.app_state(item)[0]) for item in resp["items"]]
 
     def _cancel_existing(self, app_id: str) -> None:
         namespace, name = app_id.split(":")
