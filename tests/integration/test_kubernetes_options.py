@@ -8,7 +8,13 @@ from torchx import specs
 
 from components.errors import ComponentArgumentError
 from components.schedulers.k8s import options as opt
-from components.schedulers.k8s.pod import PodOptions, check_fits, customize_pod
+from components.schedulers.k8s.pod import (
+    PodOptions,
+    check_fits,
+    customize_pod,
+    processes_per_pod,
+    shm_quantity,
+)
 from components.schedulers.k8s.volcano import KubernetesScheduler, create_scheduler
 from tests.support.k8s import REPO, dryrun_args
 from tests.support.runs import torchx_cli
@@ -101,6 +107,34 @@ def test_customize_pod_refuses_what_it_cannot_serve():
     pod = customize_pod(_template(), base, 1)
     assert pod["spec"]["nodeSelector"] == {"node.kubernetes.io/instance-type": "p4d.24xlarge"}
     assert _template()["spec"]["volumes"][0] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+
+
+@pytest.mark.parametrize(("args", "gpu", "processes"), [
+    (["-c", "torchrun --nnodes 2 --nproc_per_node 8 --tee 3 -m trainers.ddp"], 8, 8),
+    (["--nnodes", "2", "--nproc_per_node", "4", "-m", "trainers.ddp"], 0, 4),  # words of own
+    (["--nproc-per-node=3", "-m", "trainers.ddp"], 0, 3),
+    (["-c", "torchrun --nproc_per_node gpu -m trainers.ddp"], 8, 8),  # not a number: the GPUs
+    (["-c", "python -m trainers.ddp 'unbalanced"], 0, 1),  # no torchrun: at least one
+])
+def test_processes_per_pod_reads_torchruns_nproc_per_node(args, gpu, processes):
+    role = specs.Role(name="ddp", image="i", entrypoint="bash", args=args,
+                      resource=specs.Resource(cpu=1, gpu=gpu, memMB=1024))
+    assert processes_per_pod(role) == processes
+
+
+def test_dev_shm_is_the_floor_plus_a_share_a_process_within_the_memory_limit():
+    sizes = {}
+    for processes in (1, 2, 8):
+        pod = customize_pod(_template(), PodOptions("kubernetes", read_only_root_fs=False),
+                            processes)
+        sizes[processes] = pod["spec"]["volumes"][0]["emptyDir"]
+    assert sizes[1] == {"medium": "Memory", "sizeLimit": "1536Mi"}
+    assert sizes[2] == {"medium": "Memory", "sizeLimit": "2Gi"}
+    assert sizes[8] == {"medium": "Memory", "sizeLimit": "4096M"}  # 5Gi > the limit, 4096M
+    explicit = customize_pod(_template(), PodOptions("kubernetes", shm_size="3Gi",
+                                                     read_only_root_fs=False), 8)
+    assert explicit["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] == "3Gi"
+    assert [shm_quantity(n) for n in (2**30, 3 * 2**29, 2**20 + 1)] == ["1Gi", "1536Mi", "2Mi"]
 
 
 def test_check_fits_takes_any_node_that_holds_the_pod():

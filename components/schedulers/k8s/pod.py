@@ -18,8 +18,8 @@ memory: its DataLoader workers hand every batch over through /dev/shm
 MiB, an image batch tens of MiB); NCCL between GPUs of one pod without peer-to-peer access
 (its SHM transport) keeps 4 MiB (``NCCL_BUFFSIZE``) plus its LL and LL128 buffers per channel
 and peer there, tens to a few hundred MiB a rank. 512 MiB a process covers both with room; the
-1 GiB floor, the size every pod had before, serves what runs besides the ranks (torchrun,
-``torch.multiprocessing``). An explicit ``shm_size`` wins, and must fit the memory limit.
+1 GiB floor serves what runs besides the ranks (torchrun, ``torch.multiprocessing``'s shared
+tensors). An explicit ``shm_size`` wins, and must fit the memory limit.
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ USER_ID = 1000
 # /dev/shm without shm_size: the floor plus a share a process (module docstring).
 SHM_FLOOR = 2**30
 SHM_PER_PROCESS = 2**29
-SHM_RULE = "1Gi plus 512Mi per process of the pod (torchrun's --nproc_per_node)"
 
 Pod = dict[str, Any]
 
@@ -102,18 +101,22 @@ def processes_per_pod(role: Role) -> int:
     ``--nproc-per-node``) among the role's arguments, as words of their own or inside a
     ``bash -c`` script; where it is missing or not a number, one a GPU of the role's resource
     (torchrun's ``gpu``), at least 1."""
-    for arg in role.args:
-        try:
-            words = shlex.split(arg)
-        except ValueError:  # an unbalanced quote in a script: its words as written
-            words = arg.split()
-        for i, word in enumerate(words):
-            key, eq, value = word.partition("=")
-            if key in ("--nproc_per_node", "--nproc-per-node"):
-                value = value if eq else " ".join(words[i + 1:i + 2])
-                if value.isdigit() and int(value) > 0:
-                    return int(value)
+    words = [word for arg in role.args for word in _words(arg)]
+    for i, word in enumerate(words):
+        key, eq, value = word.partition("=")
+        if key in ("--nproc_per_node", "--nproc-per-node"):
+            value = value if eq else " ".join(words[i + 1:i + 2])
+            if value.isdigit() and int(value) > 0:
+                return int(value)
     return max(role.resource.gpu, 1)
+
+
+def _words(arg: str) -> list[str]:
+    """The shell words of one argument (a ``bash -c`` script has many)."""
+    try:
+        return shlex.split(arg)
+    except ValueError:  # an unbalanced quote: the words as written
+        return arg.split()
 
 
 def shm_quantity(nbytes: int) -> str:
@@ -121,6 +124,10 @@ def shm_quantity(nbytes: int) -> str:
     if nbytes % 2**30 == 0:
         return f"{nbytes // 2**30}Gi"
     return f"{-(-nbytes // 2**20)}Mi"
+
+
+SHM_RULE = (f"{shm_quantity(SHM_FLOOR)} plus {shm_quantity(SHM_PER_PROCESS)} per process of the "
+            "pod (torchrun's --nproc_per_node)")
 
 
 def pod_options(scheduler: str, cfg: Mapping[str, Any], app: AppDef) -> PodOptions:
