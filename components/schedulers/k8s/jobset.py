@@ -50,7 +50,6 @@ from components.schedulers.k8s import options, states
 from components.schedulers.k8s.base import HardenedKubernetesScheduler
 from components.schedulers.k8s.pod import customize_pod, pod_options, processes_per_pod
 from components.schedulers.k8s.preemption import failure_policy
-from components.torchx_compat import dryrun_cfg
 
 NAME = "kubernetes_jobset"
 API_GROUP = "jobset.x-k8s.io"
@@ -110,8 +109,10 @@ def app_to_jobset(app: AppDef, name: str, local_queue: str, cfg: Mapping[str, An
 
 @dataclass
 class JobSetRequest:
-    """What ``schedule`` submits: the JobSet and the images to push first."""
+    """What ``schedule`` submits: the JobSet, the namespace it goes to and the images to push
+    first; printed (``--dryrun``) as the JobSet."""
 
+    namespace: str
     images_to_push: dict[str, tuple[str, str]]
     resource: dict[str, Any]
 
@@ -201,15 +202,16 @@ class KubernetesJobSetScheduler(HardenedKubernetesScheduler, Scheduler[Mapping[s
         for role, rj in zip(app.roles, jobset["spec"]["replicatedJobs"], strict=True):
             job = rj["template"]["spec"]
             job["template"] = customize_pod(job["template"], pods, processes_per_pod(role))
+        namespace = raw.get("namespace") or "default"
         if raw.get("validate_spec"):
-            self.validate_on_server(jobset, raw.get("namespace") or "default",
-                                    group=API_GROUP, version=API_VERSION, plural=PLURAL)
-        return AppDryRunInfo(JobSetRequest(images_to_push, jobset), repr)
+            self.validate_on_server(jobset, namespace, group=API_GROUP, version=API_VERSION,
+                                    plural=PLURAL)
+        return AppDryRunInfo(JobSetRequest(namespace, images_to_push, jobset), repr)
 
     def schedule(self, dryrun_info: AppDryRunInfo[JobSetRequest]) -> str:
         from kubernetes.client.rest import ApiException
 
-        namespace = dryrun_cfg(dryrun_info).get("namespace") or "default"
+        namespace = dryrun_info.request.namespace
         self.push_images(dryrun_info.request.images_to_push)
         try:
             resp = self.custom_objects_api().create_namespaced_custom_object(

@@ -53,7 +53,7 @@ class DockerScheduler(StrictRunOptions, TorchXDockerScheduler):
 
     registered_as = "local_docker"
 
-    def _image_id(self, image: str) -> str:
+    def local_image_id(self, image: str) -> str:
         """The local ID of ``image``, pulling it if it is not local; one-line errors."""
         from docker.errors import DockerException, ImageNotFound
 
@@ -87,20 +87,20 @@ class DockerScheduler(StrictRunOptions, TorchXDockerScheduler):
     def build_workspace_and_update_role(self, role: Role, workspace: str,
                                         cfg: dict[str, Any]) -> None:
         """Check the base image before TorchX builds a workspace patch on top of it."""
-        self._image_id(role.image)
+        self.local_image_id(role.image)
         super().build_workspace_and_update_role(role, workspace, cfg)
 
     def _validate(self, app: AppDef, scheduler: str, *cfg: Any) -> None:
         """Every role's image is valid and present locally (pulled if need be). TorchX main
         passes the run options too; 0.7.0 does not."""
         for role in app.roles:
-            self._image_id(role.image)
+            self.local_image_id(role.image)
         super()._validate(app, scheduler, *cfg)
 
     def schedule(self, dryrun_info: AppDryRunInfo[DockerJob]) -> str:
         """Run the containers from local image IDs: TorchX pulls anything else first."""
         job = dryrun_info.request
-        job.containers = [replace(c, image=self._image_id(c.image)) for c in job.containers]
+        job.containers = [replace(c, image=self.local_image_id(c.image)) for c in job.containers]
         return super().schedule(dryrun_info)
 
     def container_state(self, container: Container) -> AppState:
