@@ -16,7 +16,7 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Ubuntu images ship a user `ubuntu` with uid 1000; the trainer takes that uid (Kubernetes
-# runAsUser 1000 in the pods of components/schedulers/k8s_pod.py).
+# runAsUser 1000 in the pods of components/schedulers/k8s/pod.py).
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         python3-venv=3.12.3-0ubuntu2 \

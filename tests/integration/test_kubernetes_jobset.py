@@ -11,12 +11,22 @@ import pytest
 
 from components.errors import ComponentArgumentError
 from components.launch import torchrun_app
-from components.schedulers.jobset import PRIORITY_LABEL, QUEUE_LABEL, RANK0_ENV
-from components.schedulers.k8s_common import POD_OPTS
-from components.schedulers.k8s_pod import HOME_DIR, OUTPUTS_DIR, USER_ID
-from components.schedulers.k8s_preemption import DEFAULT_TERMINATION_GRACE_S
-from components.schedulers.kubernetes_jobset import KubernetesJobSetScheduler
-from tests.integration.test_kubernetes_render import CASES, TRAINER_ARGS
+from components.schedulers.k8s.base import POD_OPTS
+from components.schedulers.k8s.jobset import (
+    PRIORITY_LABEL,
+    RANK0_ENV,
+    KubernetesJobSetScheduler,
+)
+from components.schedulers.k8s.pod import HOME_DIR, OUTPUTS_DIR, USER_ID
+from components.schedulers.k8s.preemption import DEFAULT_TERMINATION_GRACE_S
+from components.schedulers.k8s.states import QUEUE_LABEL
+from tests.integration.test_kubernetes_render import (
+    CASES,
+    SHM_CASES,
+    SHM_OF_PROCESSES,
+    TRAINER_ARGS,
+    shm_size_limits,
+)
 from tests.support.k8s import REPO, dryrun_args, jobset_pods, render, validate_core
 from tests.support.runs import torchx_cli
 
@@ -42,6 +52,11 @@ def render_case(component: str, j: str) -> dict:
 def render_pod_options_and_max_retries() -> dict:
     """A ddp JobSet with pod options, Kueue labels and --max_retries 2."""
     return _render("ddp", "2x2", cfg=POD_OPTIONS_CFG, options=("--max_retries", "2"))
+
+
+def render_shm_case(j: str, options: tuple[str, ...], cfg: str) -> dict:
+    """A ddp JobSet of one of :data:`SHM_CASES`."""
+    return _render("ddp", j, cfg=cfg, options=options)
 
 
 def test_entry_point_is_the_jobset_scheduler_with_every_pod_option():
@@ -96,6 +111,17 @@ def test_component_renders_a_valid_hardened_jobset(component, j, nodes, min_node
             "claimName": "torchx-outputs"}
         assert {volumes[mounts[p]]["emptyDir"] == {} for p in ("/tmp", HOME_DIR)} == {True}
         assert f"-m trainers.{component} " in container["command"][-1]
+    processes = int(re.search(r"--nproc_per_node (\d+)", pods[0]["spec"]["containers"][0][
+        "command"][-1])[1])
+    assert shm_size_limits(pods) == [SHM_OF_PROCESSES[processes]] * nodes
+
+
+@pytest.mark.parametrize(("j", "options", "cfg", "size"), SHM_CASES)
+def test_dev_shm_is_sized_from_the_processes_per_pod(j, options, cfg, size):
+    pods = jobset_pods(render_shm_case(j, options, cfg))
+    for pod in pods:
+        validate_core(pod)
+    assert shm_size_limits(pods) == [size]
 
 
 @pytest.mark.parametrize(("component", "j", "nodes", "min_nodes"), CASES)

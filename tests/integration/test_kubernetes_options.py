@@ -7,9 +7,15 @@ import pytest
 from torchx import specs
 
 from components.errors import ComponentArgumentError
-from components.schedulers import k8s_options as opt
-from components.schedulers.k8s_pod import PodOptions, check_fits, customize_pod
-from components.schedulers.kubernetes_volcano import KubernetesScheduler, create_scheduler
+from components.schedulers.k8s import options as opt
+from components.schedulers.k8s.pod import (
+    PodOptions,
+    check_fits,
+    customize_pod,
+    processes_per_pod,
+    shm_quantity,
+)
+from components.schedulers.k8s.volcano import KubernetesScheduler, create_scheduler
 from tests.support.k8s import REPO, dryrun_args
 from tests.support.runs import torchx_cli
 
@@ -27,20 +33,23 @@ def test_kubernetes_entry_point_is_the_extended_scheduler():
 
 
 def test_parsers_accept_the_documented_forms():
-    assert opt.parse_node_selector(["node.kubernetes.io/instance-type:m5.2xlarge", "pool:"]) == {
+    k8s = "kubernetes"
+    assert opt.parse_node_selector(
+        k8s, ["node.kubernetes.io/instance-type:m5.2xlarge", "pool:"]) == {
         "node.kubernetes.io/instance-type": "m5.2xlarge", "pool": ""}
-    assert opt.parse_tolerations(["nvidia.com/gpu:NoSchedule", "team:ml:NoExecute"]) == [
+    assert opt.parse_tolerations(k8s, ["nvidia.com/gpu:NoSchedule", "team:ml:NoExecute"]) == [
         {"key": "nvidia.com/gpu", "effect": "NoSchedule", "operator": "Exists"},
         {"key": "team", "effect": "NoExecute", "operator": "Equal", "value": "ml"}]
-    assert opt.parse_secret_env(["HF_TOKEN:hf-token:token", "s3-creds"]) == [
+    assert opt.parse_secret_env(k8s, ["HF_TOKEN:hf-token:token", "s3-creds"]) == [
         opt.SecretEnv("hf-token", "HF_TOKEN", "token"), opt.SecretEnv("s3-creds")]
-    assert opt.parse_secret_volumes(["gcs-key:/var/run/gcs/"]) == [("gcs-key", "/var/run/gcs")]
-    assert opt.parse_pvc("ckpt", "/out") == ("ckpt", "/out")
-    assert opt.parse_pvc("ckpt:/mnt/c", "/out") == ("ckpt", "/mnt/c")
-    assert opt.parse_quantity("shm_size", "2Gi") == 2 * 2**30
-    assert opt.parse_quantity("shm_size", "1.5G") == 1_500_000_000
-    assert opt.parse_quantity("shm_size", "4096M") == 4096 * 10**6
-    assert opt.parse_node_shapes(["8/32Gi", "96/1100Gi/8"]) == [
+    assert opt.parse_secret_volumes(k8s, ["gcs-key:/var/run/gcs/"]) == [
+        ("gcs-key", "/var/run/gcs")]
+    assert opt.parse_pvc(k8s, "ckpt", "/out") == ("ckpt", "/out")
+    assert opt.parse_pvc(k8s, "ckpt:/mnt/c", "/out") == ("ckpt", "/mnt/c")
+    assert opt.parse_quantity(k8s, "shm_size", "2Gi") == 2 * 2**30
+    assert opt.parse_quantity(k8s, "shm_size", "1.5G") == 1_500_000_000
+    assert opt.parse_quantity(k8s, "shm_size", "4096M") == 4096 * 10**6
+    assert opt.parse_node_shapes(k8s, ["8/32Gi", "96/1100Gi/8"]) == [
         opt.NodeShape(8.0, 32 * 2**30, 0), opt.NodeShape(96.0, 1100 * 2**30, 8)]
     assert opt.is_dns1123_label("a" * 63) and not opt.is_dns1123_label("a" * 64)
 
@@ -54,16 +63,18 @@ def test_parsers_accept_the_documented_forms():
     (opt.parse_secret_env, ["1BAD:Upper_Case:key"], "VAR:SECRET:KEY or SECRET"),
     (opt.parse_secret_volumes, ["gcs-key"], "NAME:PATH"),
     (opt.parse_secret_volumes, ["gcs-key:relative/path"], "PATH absolute"),
-    (lambda v: opt.parse_pvc(v[0], "/out"), ["Ckpt_Claim"], "DNS-1123 name"),
-    (lambda v: opt.parse_quantity("shm_size", v[0]), ["lots"], "positive quantity"),
-    (lambda v: opt.parse_quantity("shm_size", v[0]), ["0Gi"], "positive quantity"),
+    (lambda s, v: opt.parse_pvc(s, v[0], "/out"), ["Ckpt_Claim"], "DNS-1123 name"),
+    (lambda s, v: opt.parse_quantity(s, "shm_size", v[0]), ["lots"], "positive quantity"),
+    (lambda s, v: opt.parse_quantity(s, "shm_size", v[0]), ["0Gi"], "positive quantity"),
     (opt.parse_node_shapes, ["8cpu-32Gi"], "CPUS/MEMORY[/GPUS]"),
     (opt.parse_node_shapes, ["8/32GB"], "CPUS/MEMORY[/GPUS]"),
-    (lambda v: opt.check_label("namespace", v[0]), ["-ns"], "DNS-1123 label"),
+    (lambda s, v: opt.check_label(s, "namespace", v[0]), ["-ns"], "DNS-1123 label"),
 ])
-def test_parsers_refuse_bad_forms_in_one_line(parse, value, fragment):
-    with pytest.raises(ComponentArgumentError, match="^kubernetes: ") as info:
-        parse(value)
+@pytest.mark.parametrize("scheduler", ["kubernetes", "kubernetes_jobset"])
+def test_parsers_refuse_bad_forms_in_one_line(parse, value, fragment, scheduler):
+    """Each error starts with the name of the scheduler that parses (no renaming after)."""
+    with pytest.raises(ComponentArgumentError, match=f"^{scheduler}: ") as info:
+        parse(scheduler, value)
     assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
@@ -80,29 +91,58 @@ def _template(privileged: bool = False) -> dict:
 
 
 def test_customize_pod_refuses_what_it_cannot_serve():
-    base = PodOptions(shm_bytes=2**30, shm_size="1Gi", read_only_root_fs=False)
-    with pytest.raises(ComponentArgumentError, match="privileged container"):
-        customize_pod(_template(privileged=True), base)
-    with pytest.raises(ComponentArgumentError, match="two volumes mount at /tmp"):
-        customize_pod(_template(), PodOptions(shm_bytes=2**30, shm_size="1Gi"))
+    base = PodOptions("kubernetes", shm_size="1Gi", read_only_root_fs=False)
+    with pytest.raises(ComponentArgumentError, match="^kubernetes: .*privileged container"):
+        customize_pod(_template(privileged=True), base, 1)
+    with pytest.raises(ComponentArgumentError, match="^kubernetes_jobset: two volumes mount at "
+                       "/tmp"):
+        customize_pod(_template(), PodOptions("kubernetes_jobset", shm_size="1Gi"), 1)
     with pytest.raises(ComponentArgumentError, match="exceeds the pod's memory limit 4096M"):
-        customize_pod(_template(), PodOptions(shm_bytes=8 * 2**30, shm_size="8Gi",
-                                              read_only_root_fs=False))
+        customize_pod(_template(), PodOptions("kubernetes", shm_size="8Gi",
+                                              read_only_root_fs=False), 1)
     with pytest.raises(ComponentArgumentError, match="contradicts .* named resource"):
         customize_pod(_template(), PodOptions(
-            shm_bytes=2**30, shm_size="1Gi", read_only_root_fs=False,
-            node_selector={"node.kubernetes.io/instance-type": "m5.large"}))
-    pod = customize_pod(_template(), base)
+            "kubernetes", shm_size="1Gi", read_only_root_fs=False,
+            node_selector={"node.kubernetes.io/instance-type": "m5.large"}), 1)
+    pod = customize_pod(_template(), base, 1)
     assert pod["spec"]["nodeSelector"] == {"node.kubernetes.io/instance-type": "p4d.24xlarge"}
     assert _template()["spec"]["volumes"][0] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
 
 
+@pytest.mark.parametrize(("args", "gpu", "processes"), [
+    (["-c", "torchrun --nnodes 2 --nproc_per_node 8 --tee 3 -m trainers.ddp"], 8, 8),
+    (["--nnodes", "2", "--nproc_per_node", "4", "-m", "trainers.ddp"], 0, 4),  # words of own
+    (["--nproc-per-node=3", "-m", "trainers.ddp"], 0, 3),
+    (["-c", "torchrun --nproc_per_node gpu -m trainers.ddp"], 8, 8),  # not a number: the GPUs
+    (["-c", "python -m trainers.ddp 'unbalanced"], 0, 1),  # no torchrun: at least one
+])
+def test_processes_per_pod_reads_torchruns_nproc_per_node(args, gpu, processes):
+    role = specs.Role(name="ddp", image="i", entrypoint="bash", args=args,
+                      resource=specs.Resource(cpu=1, gpu=gpu, memMB=1024))
+    assert processes_per_pod(role) == processes
+
+
+def test_dev_shm_is_the_floor_plus_a_share_a_process_within_the_memory_limit():
+    sizes = {}
+    for processes in (1, 2, 8):
+        pod = customize_pod(_template(), PodOptions("kubernetes", read_only_root_fs=False),
+                            processes)
+        sizes[processes] = pod["spec"]["volumes"][0]["emptyDir"]
+    assert sizes[1] == {"medium": "Memory", "sizeLimit": "1536Mi"}
+    assert sizes[2] == {"medium": "Memory", "sizeLimit": "2Gi"}
+    assert sizes[8] == {"medium": "Memory", "sizeLimit": "4096M"}  # 5Gi > the limit, 4096M
+    explicit = customize_pod(_template(), PodOptions("kubernetes", shm_size="3Gi",
+                                                     read_only_root_fs=False), 8)
+    assert explicit["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] == "3Gi"
+    assert [shm_quantity(n) for n in (2**30, 3 * 2**29, 2**20 + 1)] == ["1Gi", "1536Mi", "2Mi"]
+
+
 def test_check_fits_takes_any_node_that_holds_the_pod():
-    shapes = opt.parse_node_shapes(["8/32Gi", "96/1100Gi/8"])
-    check_fits("ddp", 64, 500_000, 8, shapes)
-    check_fits("ddp", 1e6, 1, 1, [])  # no shapes configured: nothing to check against
+    shapes = opt.parse_node_shapes("kubernetes", ["8/32Gi", "96/1100Gi/8"])
+    check_fits("kubernetes", "ddp", 64, 500_000, 8, shapes)
+    check_fits("kubernetes", "ddp", 1e6, 1, 1, [])  # no shapes configured: nothing to check
     with pytest.raises(ComponentArgumentError, match="largest: 96 CPUs/1100Gi/8 GPUs"):
-        check_fits("ddp", 8, 4096, 9, shapes)
+        check_fits("kubernetes", "ddp", 8, 4096, 9, shapes)
 
 
 def test_job_name_that_cannot_be_a_pod_hostname_is_refused_on_every_submit():
@@ -149,7 +189,7 @@ def test_validate_spec_asks_the_api_server_about_the_job_as_submitted(monkeypatc
     scheduler = create_scheduler("test")
     assert scheduler.run_opts().get("validate_spec").default is False  # dry runs need no cluster
     api = _DryRunApi()
-    monkeypatch.setattr(scheduler, "_custom_objects_api", lambda: api)
+    monkeypatch.setattr(scheduler, "custom_objects_api", lambda: api)
     info = scheduler.submit_dryrun(app, cfg)
     assert api.bodies == [info.request.resource]  # once, and the hardened job
     pod = api.bodies[0]["spec"]["tasks"][0]["template"]
@@ -161,10 +201,10 @@ def test_validate_spec_asks_the_api_server_about_the_job_as_submitted(monkeypatc
                                      r"validate_spec=False"),
                            (MaxRetryError(None, "/"), r"^kubernetes: validate_spec: no Kubernetes "
                                                       r"API server answers \(MaxRetryError\)")]:
-        monkeypatch.setattr(scheduler, "_custom_objects_api", lambda e=error: _DryRunApi(e))
+        monkeypatch.setattr(scheduler, "custom_objects_api", lambda e=error: _DryRunApi(e))
         with pytest.raises(ComponentArgumentError, match=message):
             scheduler.submit_dryrun(app, cfg)
-    monkeypatch.setattr(scheduler, "_custom_objects_api", lambda: pytest.fail("asked the server"))
+    monkeypatch.setattr(scheduler, "custom_objects_api", lambda: pytest.fail("asked the server"))
     scheduler.submit_dryrun(app, {**cfg, "validate_spec": False})
 
 

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from components.schedulers.k8s_pod import HOME_DIR, OUTPUTS_DIR, USER_ID
-from components.schedulers.k8s_preemption import DEFAULT_TERMINATION_GRACE_S
+from components.schedulers.k8s.pod import HOME_DIR, OUTPUTS_DIR, USER_ID
+from components.schedulers.k8s.preemption import DEFAULT_TERMINATION_GRACE_S
 from tests.support.k8s import pod_of, render, validate_core
 
 TRAINER_ARGS = {
@@ -31,6 +31,17 @@ POD_OPTIONS_CFG = (
     "secret_env=HF_TOKEN:hf-token:token;s3-creds,secret_volumes=gcs-key:/var/run/gcs,"
     "image_pull_secrets=registry-creds,checkpoint_pvc=ckpt:/mnt/ckpt,shm_size=512Mi")
 MAX_RETRIES_COMPONENTS = ["ddp", "pipeline"]
+# /dev/shm of ddp pods: (-j, component options, -cfg, sizeLimit). Without shm_size, 1Gi plus
+# 512Mi per process (torchrun's --nproc_per_node) at most the memory limit; shm_size wins.
+GPU8 = ("--gpu", "8", "--gpu_type", "h100")  # 8 ranks, 262144M (32768M a GPU)
+SHM_CASES = [
+    pytest.param("1x1", (), "", "1536Mi", id="1-process"),
+    pytest.param("1x8", GPU8, "", "5Gi", id="8-gpu-processes"),
+    pytest.param("1x4", ("--memMB", "3000"), "", "3000M", id="capped-at-the-memory-limit"),
+    pytest.param("1x8", GPU8, "shm_size=3Gi", "3Gi", id="explicit"),
+]
+# /dev/shm of each component's pods in :data:`CASES` (.torchxconfig sets no shm_size)
+SHM_OF_PROCESSES = {1: "1536Mi", 2: "2Gi"}
 
 
 def render_case(component: str, j: str) -> dict:
@@ -47,6 +58,23 @@ def render_max_retries(component: str) -> dict:
     """A 2x2 job with --max_retries 2 and a 120 s termination grace."""
     return render(component, "2x2", TRAINER_ARGS[component], cfg="termination_grace_s=120",
                   options=("--max_retries", "2"))
+
+
+def render_shm_case(j: str, options: tuple[str, ...], cfg: str) -> dict:
+    """A ddp job of one of :data:`SHM_CASES`."""
+    return render("ddp", j, TRAINER_ARGS["ddp"], cfg=cfg, options=options)
+
+
+def shm_size_limits(pods: list[dict]) -> list[str]:
+    """The sizeLimit of each pod's /dev/shm volume."""
+    out = []
+    for pod in pods:
+        (mount,) = [m for m in pod["spec"]["containers"][0]["volumeMounts"]
+                    if m["mountPath"] == "/dev/shm"]
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+        assert volume["emptyDir"]["medium"] == "Memory"
+        out.append(volume["emptyDir"]["sizeLimit"])
+    return out
 
 
 def _containers(job):
@@ -91,7 +119,9 @@ def test_component_renders_valid_hardened_job(component, j, nodes, min_nodes):
             "claimName": "torchx-outputs"}
         assert volumes[mounts["/tmp"]]["emptyDir"] == {}
         assert volumes[mounts[HOME_DIR]]["emptyDir"] == {}
-        assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+        processes = int(re.search(r"--nproc_per_node (\d+)", container["command"][-1])[1])
+        assert volumes[mounts["/dev/shm"]]["emptyDir"] == {
+            "medium": "Memory", "sizeLimit": SHM_OF_PROCESSES[processes]}
         assert set(container["resources"]["limits"]) == {"cpu", "memory"}
         assert container["image"] == "torchx-templates:cpu"
         assert f"-m trainers.{component} " in container["command"][-1]
@@ -147,6 +177,15 @@ def test_pod_options_are_rendered():
             "claimName": "ckpt"}
         assert OUTPUTS_DIR not in mounts
         assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"]["sizeLimit"] == "512Mi"
+
+
+@pytest.mark.parametrize(("j", "options", "cfg", "size"), SHM_CASES)
+def test_dev_shm_is_sized_from_the_processes_per_pod(j, options, cfg, size):
+    job = render_shm_case(j, options, cfg)
+    pods = [pod_of(job, task) for task in job["spec"]["tasks"]]
+    for pod in pods:
+        validate_core(pod)
+    assert shm_size_limits(pods) == [size]
 
 
 @pytest.mark.parametrize("component", MAX_RETRIES_COMPONENTS)

@@ -14,10 +14,10 @@ from torchx.schedulers import DEFAULT_SCHEDULER_MODULES, get_scheduler_factories
 
 from components.errors import ComponentArgumentError
 from components.schedulers import torchx_builtins
-from components.schedulers.kubernetes_jobset import KubernetesJobSetScheduler
-from components.schedulers.kubernetes_volcano import KubernetesScheduler
-from components.schedulers.local_cwd import LocalCwdScheduler
-from components.schedulers.local_docker import DockerScheduler
+from components.schedulers.k8s.jobset import KubernetesJobSetScheduler
+from components.schedulers.k8s.volcano import KubernetesScheduler
+from components.schedulers.local.cwd import LocalCwdScheduler
+from components.schedulers.local.docker_engine import DockerScheduler
 from components.schedulers.slurm import ExtendedSlurmScheduler
 from tests.support.runs import REPO, losses, torchx_cli
 

@@ -99,7 +99,7 @@ def test_local_docker_workspace_layer_holds_the_sources_only(checkout):
         members = {m.name: m.size for m in tar.getmembers() if m.isfile()}
     assert not members.keys() & DEBRIS.keys(), sorted(members.keys() & DEBRIS.keys())
     for needed in ("pyproject.toml", ".torchxconfig", "trainers/ddp.py",
-                   "components/ddp.py", "components/schedulers/local_docker.py"):
+                   "components/ddp.py", "components/schedulers/local/docker_engine.py"):
         assert needed in members
     assert ".git" not in members  # a worktree's .git file
     assert not [m for m in members if m.startswith(("tests/", "docs/", "bench/", ".git/"))]

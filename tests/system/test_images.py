@@ -350,10 +350,10 @@ def test_component_on_local_docker(docker_api, tmp_path, component):
 def test_local_docker_reads_podman_container_states(status, state):
     from docker.models.containers import Container
 
-    from components.schedulers.local_docker import create_scheduler
+    from components.schedulers.local.docker_engine import create_scheduler
 
     container = Container(attrs={"Id": "0" * 64, "State": {"Status": status}})
-    assert create_scheduler("test")._get_app_state(container).name == state
+    assert create_scheduler("test").container_state(container).name == state
 
 
 @pytest.mark.slow
@@ -364,14 +364,14 @@ def test_local_docker_reads_stopped_as_exited(docker_api, command, state):
     import docker
     from docker.models.containers import Container
 
-    from components.schedulers.local_docker import create_scheduler
+    from components.schedulers.local.docker_engine import create_scheduler
 
     client = docker.from_env()
     real = client.containers.run(IMAGE, [command], detach=True)
     try:
         real.wait(timeout=60)
         stopped = Container(attrs={"Id": real.id, "State": {"Status": "stopped"}}, client=client)
-        assert create_scheduler("test")._get_app_state(stopped).name == state
+        assert create_scheduler("test").container_state(stopped).name == state
     finally:
         real.remove(force=True)
 
@@ -403,7 +403,7 @@ RESTARTED_TWICE = {
     ([], 0),                             # no containers (yet)
 ])
 def test_local_docker_restart_count(counts, restarts):
-    from components.schedulers.local_docker import restart_count
+    from components.schedulers.local.docker_engine import restart_count
 
     containers = [{**RESTARTED_TWICE, "RestartCount": n} if n is not None
                   else {k: v for k, v in RESTARTED_TWICE.items() if k != "RestartCount"}

@@ -51,6 +51,11 @@ def test_volcano_job_with_every_pod_option_matches_the_crd(volcano_crds):
     validate_volcano(volcano_tests.render_pod_options())
 
 
+@pytest.mark.parametrize(("j", "options", "cfg", "size"), volcano_tests.SHM_CASES)
+def test_volcano_job_with_sized_dev_shm_matches_the_crd(volcano_crds, j, options, cfg, size):
+    validate_volcano(volcano_tests.render_shm_case(j, options, cfg))
+
+
 @pytest.mark.parametrize("component", volcano_tests.MAX_RETRIES_COMPONENTS)
 def test_volcano_job_with_max_retries_matches_the_crd(volcano_crds, component):
     job = volcano_tests.render_max_retries(component)
@@ -69,6 +74,11 @@ def test_jobset_with_pod_options_and_max_retries_matches_the_crd(jobset_crds):
     jobset = jobset_tests.render_pod_options_and_max_retries()
     assert jobset["spec"]["failurePolicy"]["maxRestarts"] == 2
     validate_jobset(jobset)
+
+
+@pytest.mark.parametrize(("j", "options", "cfg", "size"), volcano_tests.SHM_CASES)
+def test_jobset_with_sized_dev_shm_matches_the_crd(jobset_crds, j, options, cfg, size):
+    validate_jobset(jobset_tests.render_shm_case(j, options, cfg))
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

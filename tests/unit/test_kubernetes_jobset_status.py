@@ -17,8 +17,8 @@ import pytest
 import yaml
 from torchx.specs import AppState
 
-from components.schedulers.jobset_status import app_state, replica_state
-from components.schedulers.kubernetes_jobset import create_scheduler, log_lines
+from components.schedulers.k8s.jobset import create_scheduler
+from components.schedulers.k8s.states import app_state, log_lines, replica_state
 from tests.support.k8s import validate_core
 from tests.support.runs import REPO
 

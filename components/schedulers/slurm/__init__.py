@@ -25,7 +25,7 @@ module:
 * ``logs``: ``torchx log`` reads stdout by default, where the trainers write (``--streams
   stderr`` for stderr; ``combined`` gives stdout, then stderr).
 * ``scheduler``: the scheduler class that ties them together.
-* ``torchx_internals``: the one module that uses what TorchX has no public hook for.
+* ``torchx_private``: the one module that uses what TorchX has no public hook for.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from components.schedulers.slurm.states import (
     sacct_jobs,
     squeue_lines,
 )
-from components.schedulers.slurm.torchx_internals import SlurmSchedulerBase, record_job_dir
+from components.schedulers.slurm.torchx_private import SlurmSchedulerBase, record_job_dir
 from components.torchx_compat import replace_cfg
 
 # Role metadata key: the workspace that schedule() snapshots into the role's image (job dir).

@@ -2,7 +2,7 @@
 
 The built-in scheduler pulls every image on submit and, when the pull fails, starts containers
 from whatever is local, so a job asked for with no image built dies in a docker-py traceback.
-This one refuses it up front with one line (:class:`components.launch.ComponentArgumentError`,
+This one refuses it up front with one line (:class:`components.errors.ComponentArgumentError`,
 printed by ``torchx run`` without a traceback, exit 1): an image reference that is not valid,
 no Docker API to talk to, or an image neither present locally nor pullable. Images found
 locally are run by their ID, so nothing is pulled for them (a locally built
@@ -19,12 +19,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from torchx.schedulers import docker_scheduler
 from torchx.schedulers.api import AppDryRunInfo, DescribeAppResponse
+from torchx.schedulers.docker_scheduler import DockerJob
 from torchx.specs import AppDef, AppState, Role
 
 from components.containers import reference_error
 from components.errors import ComponentArgumentError
+from components.schedulers.local.torchx_private import TorchXDockerScheduler
 from components.schedulers.run_options import StrictRunOptions
 
 if TYPE_CHECKING:
@@ -46,13 +47,13 @@ def restart_count(containers: Iterable[Mapping[str, Any]]) -> int:
     return max((int(attrs.get("RestartCount") or 0) for attrs in containers), default=0)
 
 
-class DockerScheduler(StrictRunOptions, docker_scheduler.DockerScheduler):
+class DockerScheduler(StrictRunOptions, TorchXDockerScheduler):
     """TorchX's ``local_docker`` with the image checks described in the module docstring,
     podman's extra container states understood and restarts counted."""
 
     registered_as = "local_docker"
 
-    def _image_id(self, image: str) -> str:
+    def local_image_id(self, image: str) -> str:
         """The local ID of ``image``, pulling it if it is not local; one-line errors."""
         from docker.errors import DockerException, ImageNotFound
 
@@ -62,7 +63,7 @@ class DockerScheduler(StrictRunOptions, docker_scheduler.DockerScheduler):
         if error:
             raise ComponentArgumentError(f"local_docker: --image {error}")
         try:
-            client = self._docker_client
+            client = self.docker_client()
             try:
                 return client.images.get(image).id
             except ImageNotFound:
@@ -86,23 +87,23 @@ class DockerScheduler(StrictRunOptions, docker_scheduler.DockerScheduler):
     def build_workspace_and_update_role(self, role: Role, workspace: str,
                                         cfg: dict[str, Any]) -> None:
         """Check the base image before TorchX builds a workspace patch on top of it."""
-        self._image_id(role.image)
+        self.local_image_id(role.image)
         super().build_workspace_and_update_role(role, workspace, cfg)
 
     def _validate(self, app: AppDef, scheduler: str, *cfg: Any) -> None:
         """Every role's image is valid and present locally (pulled if need be). TorchX main
         passes the run options too; 0.7.0 does not."""
         for role in app.roles:
-            self._image_id(role.image)
+            self.local_image_id(role.image)
         super()._validate(app, scheduler, *cfg)
 
-    def schedule(self, dryrun_info: AppDryRunInfo[docker_scheduler.DockerJob]) -> str:
+    def schedule(self, dryrun_info: AppDryRunInfo[DockerJob]) -> str:
         """Run the containers from local image IDs: TorchX pulls anything else first."""
         job = dryrun_info.request
-        job.containers = [replace(c, image=self._image_id(c.image)) for c in job.containers]
+        job.containers = [replace(c, image=self.local_image_id(c.image)) for c in job.containers]
         return super().schedule(dryrun_info)
 
-    def _get_app_state(self, container: Container) -> AppState:
+    def container_state(self, container: Container) -> AppState:
         """The state of ``container``, reading podman's own states as Docker's."""
         state = container.attrs.get("State")
         status = state.get("Status") if isinstance(state, dict) else state
@@ -111,15 +112,14 @@ class DockerScheduler(StrictRunOptions, docker_scheduler.DockerScheduler):
                 state["Status"] = PODMAN_STATES[status]
             else:
                 container.attrs["State"] = PODMAN_STATES[status]
-        return super()._get_app_state(container)
-
+        return super().container_state(container)
 
     def describe(self, app_id: str) -> DescribeAppResponse | None:
         """TorchX's description of the job, with ``num_restarts`` from :func:`restart_count`
         of its containers (TorchX 0.7.0 leaves the default, -1)."""
         response = super().describe(app_id)
         if response is not None:
-            response.num_restarts = restart_count(c.attrs for c in self._get_containers(app_id))
+            response.num_restarts = restart_count(c.attrs for c in self.containers(app_id))
         return response
 
 

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from torchx.schedulers.api import DescribeAppResponse
-from torchx.schedulers.local_scheduler import CWDImageProvider, LocalScheduler
+from torchx.schedulers.local_scheduler import CWDImageProvider
 from torchx.specs import AppState
 
+from components.schedulers.local.torchx_private import TorchXLocalScheduler
 from components.schedulers.run_options import StrictRunOptions
 
 
@@ -83,7 +84,7 @@ class LocalJobs:
         (self.folder / f"{app_id}.json").unlink(missing_ok=True)
 
 
-class LocalCwdScheduler(StrictRunOptions, LocalScheduler):
+class LocalCwdScheduler(StrictRunOptions, TorchXLocalScheduler):
     """TorchX's LocalScheduler with :class:`StrictRunOptions` and jobs visible to other
     processes (:class:`LocalJobs`)."""
 
@@ -92,9 +93,7 @@ class LocalCwdScheduler(StrictRunOptions, LocalScheduler):
 
     def schedule(self, dryrun_info: Any) -> str:
         app_id = super().schedule(dryrun_info)
-        self.jobs.record(app_id, [replica.proc.pid for replicas in
-                                  self._apps[app_id].role_replicas.values()
-                                  for replica in replicas])
+        self.jobs.record(app_id, self.process_groups(app_id))
         return app_id
 
     def describe(self, app_id: str) -> DescribeAppResponse | None:
@@ -108,7 +107,7 @@ class LocalCwdScheduler(StrictRunOptions, LocalScheduler):
         return None
 
     def _cancel_existing(self, app_id: str) -> None:
-        if app_id in self._apps:
+        if self.started_here(app_id):
             super()._cancel_existing(app_id)
             return
         for pid in self.jobs.alive(app_id):

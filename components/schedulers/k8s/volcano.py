@@ -1,16 +1,17 @@
-"""TorchX's kubernetes (Volcano) scheduler with the pod options this repository's jobs need.
+"""``kubernetes``: TorchX's kubernetes (Volcano) scheduler with the pod options this
+repository's jobs need.
 
 Registered as ``kubernetes`` under the ``torchx.schedulers`` entry points (pyproject.toml), so
 ``torchx run -s kubernetes`` uses it. It adds run options (``torchx runopts kubernetes``) for
 node selectors, tolerations, secrets, the checkpoint claim, /dev/shm size, image pull secrets,
 node shapes, the read-only root file system and the termination grace period, and post-processes
-the Volcano Job that TorchX renders: every pod gets the hardened security context of
-:mod:`components.schedulers.k8s_pod`, and the job the restart policy of
-:mod:`components.schedulers.k8s_preemption` (an evicted or failed pod restarts the whole job, at
-most ``--max_retries`` times).
+the Volcano Job that TorchX renders: every pod gets the hardened security context and the
+/dev/shm sized for its processes of :mod:`components.schedulers.k8s.pod`, and the job the
+restart policy of :mod:`components.schedulers.k8s.preemption` (an evicted or failed pod
+restarts the whole job, at most ``--max_retries`` times).
 The pod options, their checks and the API server's dry run are shared with
-``kubernetes_jobset`` (:mod:`components.schedulers.k8s_common`). Bad options raise
-:class:`components.launch.ComponentArgumentError` before anything is submitted; ``torchx run``
+``kubernetes_jobset`` (:mod:`components.schedulers.k8s.base`). Bad options raise
+:class:`components.errors.ComponentArgumentError` before anything is submitted; ``torchx run``
 prints that one line and exits 1.
 
 ``validate_spec=True`` asks the API server for a dry run of the job: TorchX main's option,
@@ -25,51 +26,50 @@ from typing import Any, cast
 
 from torchx.schedulers.api import AppDryRunInfo
 from torchx.schedulers.kubernetes_scheduler import (
+    LABEL_ROLE_INDEX,
     KubernetesJob,
     KubernetesOpts,
     sanitize_for_serialization,
 )
-from torchx.schedulers.kubernetes_scheduler import KubernetesScheduler as _TorchXKubernetes
 from torchx.specs import AppDef, runopts
 
-from components.errors import ComponentArgumentError
-from components.schedulers import k8s_options as opt
-from components.schedulers.k8s_common import (
-    HardenedPods,
+from components.schedulers.k8s.base import HardenedKubernetesScheduler
+from components.schedulers.k8s.options import (
     check_derived_names,
     check_object_names,
-    pod_options,
+    check_subdomain,
+    refuse,
 )
-from components.schedulers.k8s_pod import customize_pod
-from components.schedulers.k8s_preemption import restart_policy
-from components.schedulers.run_options import StrictRunOptions
+from components.schedulers.k8s.pod import customize_pod, pod_options, processes_per_pod
+from components.schedulers.k8s.preemption import restart_policy
 from components.torchx_compat import replace_cfg
+
+NAME = "kubernetes"
 
 
 def check_cfg_names(cfg: KubernetesOpts) -> None:
     """Raise unless a queue is given and the queue, namespace and other object names are valid."""
     queue = cfg.get("queue")
     if not queue:
-        raise ComponentArgumentError(
-            "kubernetes: no Volcano queue given; pass -cfg queue=torchx-templates (the queue "
-            "k8s/base creates) or set queue in .torchxconfig's [kubernetes] section")
-    opt.check_subdomain("queue", queue)
-    check_object_names(cfg)
+        raise refuse(NAME, "no Volcano queue given; pass -cfg queue=torchx-templates (the queue "
+                     "k8s/base creates) or set queue in .torchxconfig's [kubernetes] section")
+    check_subdomain(NAME, "queue", queue)
+    check_object_names(NAME, cfg)
 
 
 def check_job_names(job: dict[str, Any]) -> None:
-    """Raise unless the rendered job's name and its pods' host names are DNS-1123 labels
-    with any id TorchX may append (:func:`check_derived_names`)."""
+    """Raise unless the rendered job's name and its pods' host names are DNS-1123 labels with
+    any id TorchX may append (:func:`components.schedulers.k8s.options.check_derived_names`)."""
     name = job["metadata"]["name"]
     # Volcano names each pod (and, under the svc plugin, its host name) JOB-TASK-INDEX.
     hosts = [("pod hostname", f"{name}-{task['name']}-0") for task in job["spec"]["tasks"]]
-    check_derived_names("kubernetes", name, [("job name", name), *hosts])
+    check_derived_names(NAME, name, [("job name", name), *hosts])
 
 
-class KubernetesScheduler(StrictRunOptions, HardenedPods, _TorchXKubernetes):
+class KubernetesScheduler(HardenedKubernetesScheduler):
     """TorchX's kubernetes scheduler plus this repository's pod options and hardening."""
 
-    registered_as = "kubernetes"
+    registered_as = NAME
 
     def _run_opts(self) -> runopts:
         opts = super()._run_opts()
@@ -81,13 +81,14 @@ class KubernetesScheduler(StrictRunOptions, HardenedPods, _TorchXKubernetes):
 
     def _submit_dryrun(self, app: AppDef, cfg: KubernetesOpts) -> AppDryRunInfo[KubernetesJob]:
         check_cfg_names(cfg)
-        pods = pod_options(cast(dict[str, Any], cfg), app)
+        pods = pod_options(NAME, cast(dict[str, Any], cfg), app)
         # rendered without TorchX main's validate_spec: the job is validated below, as submitted
         base = super()._submit_dryrun(app, replace_cfg(cfg, validate_spec=False))
         job = cast(dict[str, Any], sanitize_for_serialization(base.request.resource))
         check_job_names(job)
         for task in job["spec"]["tasks"]:
-            task["template"] = customize_pod(task["template"], pods)
+            role = app.roles[int(task["template"]["metadata"]["labels"][LABEL_ROLE_INDEX])]
+            task["template"] = customize_pod(task["template"], pods, processes_per_pod(role))
             # TorchX's per-task policies and maxRetry give way to the job's (restart_policy)
             task.pop("policies", None)
             task.pop("maxRetry", None)

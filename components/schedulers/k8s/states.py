@@ -1,8 +1,10 @@
-"""TorchX states of a JobSet and its pods, read from the objects the Kubernetes API returns.
+"""TorchX states of a ``kubernetes_jobset`` job (a JobSet and its pods), and its logs' lines,
+read from the objects the Kubernetes API returns (``kubernetes`` jobs' states are TorchX's).
 
 Inputs are plain data (a JobSet custom object as ``CustomObjectsApi`` returns it; pods as
-``ApiClient.sanitize_for_serialization`` gives them). :func:`app_state` decides the job's
-state, :func:`replica_state` each pod's:
+``ApiClient.sanitize_for_serialization`` gives them). :func:`describe_response` answers
+``torchx status`` from them; :func:`app_state` decides the job's state, :func:`replica_state`
+each pod's:
 
 * the JobSet's ``terminalState`` (or its ``Completed``/``Failed`` condition) ends the job;
 * a pod whose image cannot be pulled (``ErrImagePull``, ``ImagePullBackOff``,
@@ -14,12 +16,20 @@ state, :func:`replica_state` each pod's:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import codecs
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from torchx.specs import AppState
+from torchx.schedulers.api import DescribeAppResponse
+from torchx.specs import AppState, ReplicaStatus, Role, RoleStatus
 
-from components.schedulers.jobset import QUEUE_LABEL, RESTART_ATTEMPT_LABEL
+# Kueue's label of the LocalQueue a JobSet is submitted to; the labels JobSet puts on its Jobs
+# and their pods, and the Job controller's index label.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 Obj = dict[str, Any]
 IMAGE_PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName",
@@ -90,3 +100,42 @@ def app_state(jobset: Obj, pods: Iterable[Obj] = ()) -> tuple[AppState, str]:
     if any(replica_state(p) == AppState.RUNNING for p in live):
         return AppState.RUNNING, ""
     return AppState.PENDING, ""
+
+
+def describe_response(app_id: str, jobset: Obj, pods: Iterable[Obj]) -> DescribeAppResponse:
+    """``torchx status`` of ``app_id``: the JobSet's state, its roles (one a replicatedJob) and
+    the pods of the current restart attempt as their replicas."""
+    pods = list(pods)
+    state, msg = app_state(jobset, pods)
+    roles: dict[str, Role] = {}
+    statuses: dict[str, RoleStatus] = {}
+    for rj in jobset["spec"]["replicatedJobs"]:
+        roles[rj["name"]] = Role(name=rj["name"], image="",
+                                 num_replicas=rj["template"]["spec"]["completions"])
+        statuses[rj["name"]] = RoleStatus(rj["name"], [])
+    for pod in current_pods(jobset, pods):
+        labels = pod["metadata"].get("labels") or {}
+        role = labels.get(REPLICATED_JOB_LABEL)
+        if role in statuses:
+            spec = pod.get("spec") or {}
+            statuses[role].replicas.append(ReplicaStatus(
+                id=int(labels.get(COMPLETION_INDEX_LABEL, 0)), role=role,
+                state=replica_state(pod),
+                hostname=f"{spec.get('hostname', '')}.{spec.get('subdomain', '')}"))
+    return DescribeAppResponse(
+        app_id=app_id, state=state, msg=msg, roles=list(roles.values()),
+        roles_statuses=list(statuses.values()),
+        num_restarts=(jobset.get("status") or {}).get("restarts", 0))
+
+
+def log_lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The lines (each with its newline) of a UTF-8 byte stream, as they complete."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    for chunk in chunks:
+        pending += decoder.decode(chunk)
+        *done, pending = pending.split("\n")
+        yield from (line + "\n" for line in done)
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        yield pending
