@@ -3,8 +3,8 @@ Slurm and Kubernetes schedulers, through the real CLI: each is refused with exit
 error line that names the fix, without a traceback, and nothing is scheduled.
 
 The rows are this module's (trainer arguments, launch options, fault injection) plus the Slurm
-and Kubernetes option tables of tests/test_slurm.py and tests/test_kubernetes_options.py,
-which those modules also check on their own terms.
+and Kubernetes option tables of tests/system/test_bad_input_slurm.py and
+tests/integration/test_kubernetes_options.py, which those modules also check on their own terms.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ FIX = re.compile(r"\b(pass|use|try|lower|pick|drop|list|tokenize|instead|did you
 
 @dataclass(frozen=True)
 class Row:
-    """One wrong invocation: ``torchx run -s scheduler [-cfg cfg] components/C.py:C -j j
+    """One wrong invocation: ``torchx run -s scheduler [-cfg cfg] components/<C>.py:<C> -j j
     *options -- *trainer`` whose error line starts with (``exact``: is) ``error``.
 
     ``{tmp}`` in ``cfg``, ``options``, ``trainer`` and ``error`` stands for the row's own
@@ -263,11 +263,11 @@ ROWS = [
     Row("kill-at-missing-rank", "slurm", "ddp",
         "trainers.ddp: TRAINERS_KILL_AT=4:6 names rank 4, but the job has ranks 0-1; pass a "
         "rank below 2", j="2x1", options=("--env", "TRAINERS_KILL_AT=4:6")),
-    # Slurm options (tests/test_slurm.py)
+    # Slurm options (tests/system/test_bad_input_slurm.py)
     *[Row(_slug("slurm", cfg or f"-j {j}"), "slurm", component, message, j=j, cfg=cfg,
           trainer=tuple(trainer_args(batch_size=48)))
       for cfg, component, j, message in SLURM_BAD_OPTIONS + SLURM_BAD_CLUSTER_OPTIONS],
-    # Kubernetes options (tests/test_kubernetes_options.py)
+    # Kubernetes options (tests/integration/test_kubernetes_options.py)
     *[Row(_slug("kubernetes", cfg.removeprefix("queue=q") if cfg else "no queue", *options),
           "kubernetes", "ddp", start, j="2x2", options=tuple(options), cfg=cfg, exact=False)
       for cfg, options, start in KUBERNETES_BAD_INPUT],

@@ -23,8 +23,8 @@ from trainers.parallel.compile import apply_compile
 STEPS = [*TINY, "--steps", "10"]
 FP32 = ["--batch-size", "16"]
 BF16 = ["--batch-size", "4", "--dtype", "bf16"]  # small: bf16 is slow on CPUs without AMX
-# The shapes of `python -m bench.gpu --quick` (tests/test_bench_gpu.py), whose compiled run
-# then finds this one's kernels in inductor's cache.
+# The shapes of `python -m bench.gpu --quick` (tests/integration/test_bench_gpu.py), whose
+# compiled run then finds this one's kernels in inductor's cache.
 LLAMA = ["--model", "llama-tiny", "--batch-size", "4"]
 CASES = {"ddp-bf16": ("trainers.ddp", BF16),
          "fsdp-llama": ("trainers.fsdp", LLAMA),

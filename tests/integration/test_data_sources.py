@@ -199,7 +199,7 @@ SOURCES = {
 RESUMABLE = [*TINY, "--batch-size", "16", "--steps", "6", "--checkpoint-every", "4"]
 
 
-@pytest.mark.slow  # two trainer runs each (seconds), like tests/test_parity.py
+@pytest.mark.slow  # two trainer runs each (seconds), like tests/integration/test_parity.py
 @pytest.mark.parametrize("source", list(SOURCES))
 def test_each_source_trains_and_resumes_exactly(tmp_path, small_tokenizer, source):
     data = SOURCES[source](tmp_path, small_tokenizer)

@@ -46,8 +46,8 @@ def test_killed_worker_restarts_and_matches_uninterrupted_run(tmp_path, ddp_refe
     One trainer stands for all: the restart is torchrun's and the resume is the loop's, the
     same for every strategy. Each strategy's own checkpoint (FSDP's sharded state, pipeline
     stages) resuming where its uninterrupted run goes is proven by
-    tests/test_parity_sharded.py::test_fsdp_checkpoint_resumes_at_another_world_size and
-    tests/test_pipeline.py::test_pipeline_resumes_from_its_checkpoint."""
+    tests/integration/test_parity_sharded.py::test_fsdp_checkpoint_resumes_at_another_world_size and
+    tests/integration/test_pipeline.py::test_pipeline_resumes_from_its_checkpoint."""
     stderr = run_component("ddp", tmp_path / "faulted", [], "--max_retries", "1",
                            "--env", "TRAINERS_KILL_AT=1:6")
     assert "killing rank 1 at step 6" in stderr

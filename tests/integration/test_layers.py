@@ -77,8 +77,9 @@ def _repo_modules() -> list[Path]:
 
 
 def test_no_module_is_named_after_a_standard_library_or_dependency_module():
-    """A python started in that folder would import ours instead (trainers/tokenize.py broke
-    `import inspect`; components/schedulers/docker.py broke the docker client)."""
+    """A python started in that folder would import ours instead (a module named tokenize in
+    trainers/ broke `import inspect`; one named docker in components/schedulers/ broke the
+    docker client)."""
     taken = set(sys.stdlib_module_names) | {"torch", "torchx", "docker", "kubernetes", "ray",
                                             "yaml", "numpy", "tensorboard", "pytest",
                                             "tokenizers", "pyarrow"}

@@ -1,7 +1,7 @@
 """config.json's record of a run, the options a resume changed, the LR schedule's rule for a
 resume with more --steps, and the console: its line and the progress bar on a terminal (unit
-level, and one trainer run on a pseudo-terminal; tests/test_checkpoint.py runs resumes for
-real)."""
+level, and one trainer run on a pseudo-terminal; tests/integration/test_checkpoint.py runs
+resumes for real)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Run one job's pods as local containers (podman or docker), as Kubernetes would start them.
 
-A scheduler's renderer (tests/volcano_local.py for Volcano Jobs, tests/jobset_local.py for
-JobSets) turns the rendered object into :class:`Pod` values: names, host names, env, and the
-job's policies. This module runs them, each as one container on one network, reachable by its
-host name and its fully qualified name (``--network-alias``).
+A scheduler's renderer (tests/support/volcano_local.py for Volcano Jobs,
+tests/support/jobset_local.py for JobSets) turns the rendered object into :class:`Pod` values:
+names, host names, env, and the job's policies. This module runs them, each as one container on
+one network, reachable by its host name and its fully qualified name (``--network-alias``).
 
 The container's command, args, env and workingDir come from the pod template generically:
 ``readOnlyRootFilesystem`` becomes ``--read-only``, ``runAsUser`` and ``runAsGroup`` become

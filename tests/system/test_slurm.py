@@ -163,7 +163,7 @@ BAD_OPTIONS = [
      "feature specification); use -cfg options and -j/--gpu/--memMB sizes this cluster "
      "accepts (torchx runopts slurm lists the options, sinfo -N -l the nodes)"),
 ]
-# Without -cfg time (tests/test_bad_input_matrix.py gives every Slurm row time=15).
+# Without -cfg time (tests/integration/test_bad_input_matrix.py gives every Slurm row time=15).
 BAD_OPTIONS_WITHOUT_TIME = [
     ("signal_grace=7200", "ddp", "1x2",
      "slurm: signal_grace=7200 is not below the job's time limit (partition debug's MaxTime "

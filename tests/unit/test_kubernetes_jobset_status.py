@@ -1,8 +1,8 @@
 """``kubernetes_jobset``'s states, and its ``schedule``/``describe``/``log_iter``/``list``/
 ``cancel`` through the real ``kubernetes`` client, on the API objects of
-tests/k8s_objects/jobset_states.yaml (each situation a job passes through, an image that cannot
-be pulled among them). The client talks HTTP to a small local server that answers the API paths
-it calls with those objects."""
+tests/support/k8s_objects/jobset_states.yaml (each situation a job passes through, an image that
+cannot be pulled among them). The client talks HTTP to a small local server that answers the
+API paths it calls with those objects."""
 
 from __future__ import annotations
 

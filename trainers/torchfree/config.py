@@ -43,8 +43,8 @@ class TrainConfig:
     model: str = _opt("tiny", MODEL_HELP)
     seq_len: int = _opt(0, "tokens per sequence (0: the model's context length)")
     dropout: float = _opt(0.0, "dropout probability")
-    attention: str = _opt("sdpa", "attention implementation (trainers/attention.py); only sdpa "
-                          "has attention dropout",
+    attention: str = _opt("sdpa", "attention implementation (trainers/models/attention.py); "
+                          "only sdpa has attention dropout",
                           choices=["sdpa", "naive", "tiled", "sliding_window", "linear"])
     attention_window: int = _opt(256, "keys each query sees under --attention sliding_window")
     # data

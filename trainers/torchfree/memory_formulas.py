@@ -154,7 +154,7 @@ def rms_norm_bytes(elements: int, precision: str) -> int:
     return (2 if precision == "bf16-params" else 1) * elements * FP32
 
 
-# The attention implementations' tiles (trainers/attention.py): sliding_window's query block,
+# The attention implementations' tiles (trainers/models/attention.py): sliding_window's query block,
 # linear attention's chunk.
 WINDOW_BLOCK = 128
 LINEAR_CHUNK = 64
