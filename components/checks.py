@@ -9,11 +9,12 @@ from torchx.components import dist
 
 from components.errors import ComponentArgumentError
 from trainers.torchfree import faults, trainer_table
-from trainers.torchfree.config import TrainConfig, parse_config
+from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError, MissingPathError
 from trainers.torchfree.model_names import model_kind
 from trainers.torchfree.planner import GIB, check_fits
 from trainers.torchfree.resources import GPU_MEMORY_GB, gpu_memory_gb
+from trainers.torchfree.train_config import TrainConfig
 
 
 def node_range(j: str) -> tuple[int, int, int]:

@@ -15,7 +15,7 @@ from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec, materialize
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.ddp import DDPStrategy
-from trainers.torchfree.config import TrainConfig
+from trainers.torchfree.train_config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:

@@ -19,7 +19,7 @@ from trainers.models import ModelSpec, materialize
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.ddp import DDPStrategy
 from trainers.parallel.spread import parse_devices, spread_over
-from trainers.torchfree.config import TrainConfig
+from trainers.torchfree.train_config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:

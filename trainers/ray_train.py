@@ -43,8 +43,9 @@ from typing import Any
 
 from trainers.ray_cluster import check_resources, connect, host_port
 from trainers.ray_worker import attempts_actor, train_worker
-from trainers.torchfree.config import OneLineParser, TrainConfig, exit_on_config_error, parse_config
+from trainers.torchfree.config import OneLineParser, exit_on_config_error, parse_config
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.train_config import TrainConfig
 from trainers.torchfree.trainer_table import TRAINERS
 
 PROG = "trainers.ray_train"

@@ -20,7 +20,7 @@ from trainers.models import ModelSpec, materialize
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
 from trainers.parallel.tensor_parallel import apply_tensor_parallel
-from trainers.torchfree.config import TrainConfig
+from trainers.torchfree.train_config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:

@@ -11,9 +11,10 @@ import pytest
 from components.ddp import ddp
 from components.errors import ComponentArgumentError
 from tests.support.runs import run_trainer
-from trainers.torchfree.config import TrainConfig, model_vocab, parse_config, validate
+from trainers.torchfree.config import parse_config, validate
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.token_file import write_token_file
+from trainers.torchfree.train_config import TrainConfig, model_vocab
 
 
 def parse(*args: str, dp: int = 1, tmp: Path | None = None):

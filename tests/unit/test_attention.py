@@ -23,9 +23,10 @@ from trainers.models.attention import (
     tiled,
 )
 from trainers.models.gpt import Attention
-from trainers.torchfree.config import TrainConfig, build_parser, parse_config
+from trainers.torchfree.config import build_parser, parse_config
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.shapes import MODEL_SIZES
+from trainers.torchfree.train_config import TrainConfig
 
 TOL = {"atol": 1e-5, "rtol": 0.0}
 

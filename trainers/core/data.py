@@ -19,11 +19,11 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainers.core.distributed import DistEnv
-from trainers.torchfree.config import TrainConfig, model_vocab
 from trainers.torchfree.corpus import progress_line, tokenize_corpus
 from trainers.torchfree.data_source import SYNTHETIC, TEXT, data_kind, text_source, token_array
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.token_file import TokenArray, check_token_array, read_header
+from trainers.torchfree.train_config import TrainConfig, model_vocab
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

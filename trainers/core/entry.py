@@ -22,9 +22,10 @@ from trainers.core.oom import explain_out_of_memory
 from trainers.core.preemption import Notice
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec, spec_of
-from trainers.torchfree.config import TrainConfig, exit_on_config_error, parse_or_exit
+from trainers.torchfree.config import exit_on_config_error, parse_or_exit
 from trainers.torchfree.preemption_signals import exit_status
 from trainers.torchfree.run_record import run_record, write_config
+from trainers.torchfree.train_config import TrainConfig
 from trainers.torchfree.trainer_table import trainer
 
 StrategyBuilder = Callable[[TrainConfig, DistEnv, ModelSpec], Strategy]

@@ -40,10 +40,10 @@ from trainers.core.run_state import Run, RunFacts, RunState, Throughput, resume_
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec
 from trainers.torchfree.checkpoint_files import saved_manifest, step_of
-from trainers.torchfree.config import TrainConfig
 from trainers.torchfree.faults import kill_point, maybe_kill, restart_count
 from trainers.torchfree.preemption_signals import exit_status, parse_signals
 from trainers.torchfree.shapes import ModelConfig
+from trainers.torchfree.train_config import TrainConfig
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

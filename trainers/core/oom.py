@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import torch
 
 from trainers.core.metrics import peak_memory_bytes
-from trainers.torchfree.config import TrainConfig
 from trainers.torchfree.planner import GIB, job_candidate
+from trainers.torchfree.train_config import TrainConfig
 from trainers.torchfree.trainer_table import TRAINERS
 
 

@@ -24,10 +24,10 @@ from trainers.core.data import Batch, BatchStream, MarkovChainDataset
 from trainers.core.distributed import DistEnv
 from trainers.core.metrics import MetricsWriter, bf16_matmul_hardware, measure_peak_flops
 from trainers.core.strategy import Strategy
-from trainers.torchfree.config import TrainConfig
 from trainers.torchfree.faults import KillPoint
 from trainers.torchfree.run_record import changed_options
 from trainers.torchfree.shapes import ModelConfig
+from trainers.torchfree.train_config import TrainConfig
 
 
 @dataclass

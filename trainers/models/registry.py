@@ -22,7 +22,7 @@ from trainers.torchfree.model_names import model_kind, model_shape
 from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
 
 if TYPE_CHECKING:
-    from trainers.torchfree.config import TrainConfig
+    from trainers.torchfree.train_config import TrainConfig
 
 Family = Callable[[str, ModelConfig], ModelSpec]
 

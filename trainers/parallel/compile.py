@@ -14,7 +14,7 @@ from torch import nn
 
 from trainers.models import ModelSpec
 from trainers.parallel.checkpointing import apply_activation_checkpointing
-from trainers.torchfree.config import TrainConfig
+from trainers.torchfree.train_config import TrainConfig
 
 
 def apply_compile(model: nn.Module, spec: ModelSpec) -> None:

@@ -32,7 +32,7 @@ from trainers.core.loss import cross_entropy
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec
 from trainers.parallel.pipeline_timeline import TimedStage
-from trainers.torchfree.config import TrainConfig
+from trainers.torchfree.train_config import TrainConfig
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
              "interleaved1f1b": ScheduleInterleaved1F1B,

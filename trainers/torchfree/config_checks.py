@@ -24,7 +24,7 @@ from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
 from trainers.torchfree.trainer_table import serving, trainer
 
 if TYPE_CHECKING:
-    from trainers.torchfree.config import TrainConfig
+    from trainers.torchfree.train_config import TrainConfig
 
 POSITIVE = ("steps", "batch_size", "grad_accum", "train_samples", "val_samples", "eval_batches",
             "log_every", "keep_checkpoints", "prefetch_factor")

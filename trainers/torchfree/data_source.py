@@ -35,7 +35,7 @@ from trainers.torchfree.token_file import (
 from trainers.torchfree.tokenizer import BYTES, TextTokenizer, check_tokenizer_fits, load_tokenizer
 
 if TYPE_CHECKING:
-    from trainers.torchfree.config import TrainConfig
+    from trainers.torchfree.train_config import TrainConfig
 
 SYNTHETIC, TOKENS, RAW, TEXT = "synthetic", "token file", "raw .bin", "text"
 DEFAULT_TEXT_FIELD = "text"

@@ -16,7 +16,6 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from trainers.torchfree.config import TrainConfig
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.memory_formulas import (
     Anatomy,
@@ -27,6 +26,7 @@ from trainers.torchfree.memory_formulas import (
 )
 from trainers.torchfree.model_names import model_shape
 from trainers.torchfree.shapes import ModelConfig
+from trainers.torchfree.train_config import TrainConfig
 from trainers.torchfree.trainer_table import TRAINERS, tensor_parallel_sizes
 
 GIB = 2**30

@@ -17,13 +17,11 @@ from typing import TYPE_CHECKING
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.memory_formulas import Layout
 from trainers.torchfree.shapes import ModelConfig
+from trainers.torchfree.train_config import SCHEDULE_STAGES
 
 if TYPE_CHECKING:
-    from trainers.torchfree.config import TrainConfig
+    from trainers.torchfree.train_config import TrainConfig
 
-# Pipeline schedules and the stages per rank each runs: one, or two or more (virtual stages).
-SCHEDULE_STAGES = {"gpipe": "one", "1f1b": "one", "interleaved1f1b": "several",
-                   "zerobubble": "several"}
 DEVICE_PATTERN = re.compile(r"^(cpu|cuda:\d+)$")
 
 

@@ -1,0 +1,137 @@
+"""The one typed configuration of a training run: :class:`TrainConfig`, its fields and defaults.
+
+A leaf of :mod:`trainers.torchfree`: the modules that check, resolve or parse a config
+(:mod:`~trainers.torchfree.config`, :mod:`~trainers.torchfree.config_checks`,
+:mod:`~trainers.torchfree.data_source`, :mod:`~trainers.torchfree.trainer_table`) import it, and
+it imports none of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainers.torchfree.model_names import MODEL_HELP, model_shape
+from trainers.torchfree.preemption_signals import DEFAULT as PREEMPTION_DEFAULT
+from trainers.torchfree.token_file import TOKEN_DTYPES
+
+# Pipeline schedules and the stages per rank each runs: one, or two or more (virtual stages).
+SCHEDULE_STAGES = {"gpipe": "one", "1f1b": "one", "interleaved1f1b": "several",
+                   "zerobubble": "several"}
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; see ``python -m trainers.ddp --help``."""
+
+    # model
+    model: str = _opt("tiny", MODEL_HELP)
+    seq_len: int = _opt(0, "tokens per sequence (0: the model's context length)")
+    dropout: float = _opt(0.0, "dropout probability")
+    attention: str = _opt("sdpa", "attention implementation (trainers/models/attention.py); "
+                          "only sdpa has attention dropout",
+                          choices=["sdpa", "naive", "tiled", "sliding_window", "linear"])
+    attention_window: int = _opt(256, "keys each query sees under --attention sliding_window")
+    # data
+    data: str = _opt("synthetic", "'synthetic' (built-in Markov-chain data); a token file made "
+                     "by `python -m trainers.prepare_data`; a raw .bin of ids (with --token-dtype "
+                     "and --vocab-size); or a .txt/.jsonl/.parquet file, directory or glob, "
+                     "tokenized once into <output-dir>/data/ (docs/data.md)")
+    token_dtype: str = _opt("", "raw .bin --data: the ids' dtype", choices=sorted(TOKEN_DTYPES))
+    vocab_size: int = _opt(0, "raw .bin --data: ids lie below this (0: not a raw .bin)")
+    tokenizer: str = _opt("bytes", "text --data: 'bytes' (UTF-8 bytes, vocabulary 256) or the "
+                          "path of a Hugging Face tokenizer.json")
+    text_field: str = _opt("text", "text --data: the .jsonl field or .parquet column holding "
+                           "each document's text")
+    train_samples: int = _opt(8192, "sequences in the synthetic training set")
+    val_samples: int = _opt(512, "sequences in the synthetic validation set")
+    val_fraction: float = _opt(0.05, "share of the tokens of any --data but synthetic held "
+                               "out for evaluation")
+    num_workers: int = _opt(0, "DataLoader worker processes per rank")
+    prefetch_factor: int = _opt(2, "batches each DataLoader worker loads ahead")
+    # batch and optimisation
+    batch_size: int = _opt(32, "global batch in sequences "
+                           "(= micro-batch x grad-accum x data-parallel size)")
+    grad_accum: int = _opt(1, "micro-batches accumulated per optimizer step")
+    steps: int = _opt(100, "optimizer steps")
+    lr: float = _opt(3e-3, "peak learning rate (AdamW)")
+    min_lr_ratio: float = _opt(0.1, "final learning rate as a share of --lr (cosine decay)")
+    warmup_steps: int = _opt(10, "linear warm-up steps")
+    weight_decay: float = _opt(0.1, "AdamW weight decay on matrices")
+    grad_clip: float = _opt(1.0, "max global gradient norm (0: no clipping)")
+    seed: int = _opt(1234, "seed for weights, data order and dropout")
+    # execution
+    dtype: str = _opt("fp32", "compute dtype: fp32, or bf16 autocast", choices=["fp32", "bf16"])
+    activation_checkpointing: bool = _opt(False, "recompute each block's activations in backward")
+    compile: bool = _opt(False, "torch.compile each block (inductor; the first steps include "
+                         "compilation, reported as compile_time_s)", negatable=True)
+    device: str = _opt("auto", "auto (cuda if visible, else cpu), cpu or cuda",
+                       choices=["auto", "cpu", "cuda"])
+    backend: str = _opt("auto", "process-group backend: auto (nccl on cuda, else gloo), gloo, nccl",
+                        choices=["auto", "gloo", "nccl"])
+    tf32: bool = _opt(True, "fp32 matmuls and cuDNN convolutions in TensorFloat-32 on CUDA "
+                      "devices of compute capability 8.0 (Ampere) or newer; no effect elsewhere "
+                      "(--no-tf32 or --tf32 false: full fp32)", negatable=True)
+    # parallelism (each option belongs to the trainers whose registry entry lists it)
+    tp: int = _opt(1, "tensor-parallel degree: ranks that split each block's matmuls")
+    dp: int = _opt(0, "data-parallel degree (0: world size / (tp x pp)); dp x tp x pp must "
+                   "equal the world size")
+    sequence_parallel: bool = _opt(False, "shard norms and the residual stream along the sequence "
+                                   "between tensor-parallel regions")
+    reshard_after_forward: bool = _opt(True, "FSDP: free gathered parameters after forward "
+                                       "(ZeRO-3); false keeps them until backward (ZeRO-2)")
+    cpu_offload: bool = _opt(False, "FSDP: keep sharded parameters, gradients and optimizer "
+                             "state in CPU memory; the optimizer steps on the CPU")
+    pp: int = _opt(1, "pipeline-parallel degree: ranks each holding consecutive blocks")
+    virtual_stages: int = _opt(1, "pipeline stages per rank (2 or more for interleaved1f1b "
+                               "and zerobubble, 1 for gpipe and 1f1b)")
+    schedule: str = _opt("1f1b", "pipeline schedule", choices=list(SCHEDULE_STAGES))
+    microbatches: int = _opt(4, "pipeline micro-batches per step; each replica's batch is "
+                             "split into them")
+    record_timeline: bool = _opt(False, "pipeline: write every step's per-micro-batch forward "
+                                 "and backward intervals to timeline.rank<R>.jsonl")
+    devices: str = _opt("auto", "model parallel: devices to spread the blocks over, e.g. "
+                        "cuda:0,cuda:1 or cpu,cpu (auto: every visible GPU, else cpu,cpu)")
+    # evaluation, logging, checkpoints
+    eval_every: int = _opt(50, "evaluate every K steps (0: never)")
+    eval_batches: int = _opt(4, "micro-batches per rank in each evaluation")
+    log_every: int = _opt(10, "print a line every K steps (metrics.jsonl gets every step)")
+    peak_tflops: float = _opt(0.0, "peak TFLOP/s per device for MFU "
+                              "(0: measured by a matmul probe)")
+    tensorboard: bool = _opt(True, "write TensorBoard events into the output directory")
+    output_dir: str = _opt("", "run directory: config.json, metrics.jsonl, TensorBoard "
+                           "events, checkpoints, summary.json")
+    checkpoint_every: int = _opt(50, "save a checkpoint every K steps (0: only at the end)")
+    keep_checkpoints: int = _opt(3, "how many of the newest checkpoints to keep")
+    async_checkpoint: bool = _opt(True, "write the periodic checkpoints in the background "
+                                  "while the next step trains (once the state is copied to CPU "
+                                  "memory), committing each after that step; the final and the "
+                                  "preemption checkpoint are always synchronous "
+                                  "(--no-async-checkpoint: every save blocks)", negatable=True)
+    resume: str = _opt("auto", "auto (newest valid checkpoint in the output directory, if any), "
+                       "none, or a checkpoint or run directory")
+    preemption_signals: str = _opt(PREEMPTION_DEFAULT, "signals on which every rank finishes its "
+                                   "step, saves a checkpoint of it and exits 128+signal for the "
+                                   "scheduler to restart the job (comma-separated; none: the "
+                                   "signals keep their default action)")
+
+    def micro_batch(self, dp_size: int) -> int:
+        """Sequences per micro-batch on each of ``dp_size`` data-parallel ranks."""
+        return self.batch_size // (self.grad_accum * dp_size)
+
+    def dp_size(self, world_size: int) -> int:
+        """Data-parallel replicas in a world of ``world_size`` ranks."""
+        return self.dp or world_size // (self.tp * self.pp)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def model_vocab(cfg: TrainConfig) -> int:
+    """The vocabulary size of the model ``cfg`` trains: every data check asks here."""
+    return model_shape(cfg.model).vocab_size
