@@ -154,7 +154,8 @@ def time_to_first_step(name: str, plan: Plan, scratch: Path, tag: str,
     cmd = {"torchx": ["torchx", "run", "-s", "local_cwd", "components/ddp.py:ddp",
                       "-j", "1x2", "--", *args],
            "torchrun": harness.launch("trainers.ddp", args, nproc=2),
-           # with dist.ddp's own launcher flags: what they cost apart from torchx itself
+           # with the torchrun flags the components write (components/launch.py): what they
+           # cost apart from torchx itself
            "torchrun_c10d": ["torchrun", "--rdzv_backend", "c10d", "--rdzv_endpoint",
                              "localhost:0", "--rdzv_id", "bench", "--nnodes", "1",
                              "--nproc_per_node", "2", "--tee", "3", "--role", "", "-m",
@@ -299,7 +300,7 @@ def table(report: dict[str, Any]) -> str:
              fmt(res["scaling_efficiency_trainer_reported"])),
             ("time to step 1, torchx / torchrun",
              f"{launch['torchx']:.2f}s / {launch['torchrun']:.2f}s (medians)"),
-            ("time to step 1, torchrun with dist.ddp's flags",
+            ("time to step 1, torchrun with the components' flags",
              f"{launch['torchrun_c10d']:.2f}s: torchx / it = {res['launch_ratio_same_flags']:.3f}"),
             *((f"loss step peak memory, vocab {report['plan']['loss_vocab']:,}, {dtype}",
                f"chunked {memory[f'{dtype}_chunked'] / 2**20:,.0f} MiB, plain "
