@@ -13,7 +13,6 @@ corpus are refused in one line before anything is written.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,7 +25,6 @@ from trainers.torchfree.corpus import (
     tokenize_corpus,
 )
 from trainers.torchfree.data_source import DEFAULT_TEXT_FIELD
-from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.paths import check_output
 from trainers.torchfree.token_file import dtype_for
 from trainers.torchfree.tokenizer import BYTES, load_tokenizer
@@ -51,18 +49,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         tokenizer = load_tokenizer(args.tokenizer)
         check_corpus(files, args.text_field)
         check_not_empty(files, args.text_field, " ".join(args.source))
-        # Written beside TARGET and moved onto it only when it holds tokens, so that an
-        # existing TARGET survives a corpus of which the tokenizer makes no ids.
-        scratch = args.target.with_name(f".{args.target.name}.{os.getpid()}.tokens")
-        try:
-            count = tokenize_corpus(files, args.text_field, tokenizer, scratch, progress_line())
-            if count == 0:
-                raise ConfigError(f"--tokenizer {args.tokenizer} makes no ids of "
-                                  f"{' '.join(args.source)}; pass a tokenizer trained on such "
-                                  "text, or bytes")
-            os.replace(scratch, args.target)
-        finally:
-            scratch.unlink(missing_ok=True)
+        count = tokenize_corpus(files, args.text_field, tokenizer, args.target, progress_line())
     dtype = dtype_for(tokenizer.vocab_size).name
     print(f"wrote {count:,} tokens ({tokenizer.name}, vocab {tokenizer.vocab_size:,}, {dtype}) "
           f"to {args.target}")

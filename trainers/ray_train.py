@@ -37,7 +37,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +136,8 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
     if cfg.device == "cuda" and not options.gpus_per_worker:
         raise ConfigError("--device cuda: the Ray workers get no GPU; pass --gpus-per-worker 1 "
                           "before --")
-    run_dir = Path(cfg.output_dir).resolve()
-    cfg.output_dir = str(run_dir)
-    return options, cfg, [*trainer_args, "--output-dir", str(run_dir)]
+    run_dir = str(Path(cfg.output_dir).resolve())
+    return options, replace(cfg, output_dir=run_dir), [*trainer_args, "--output-dir", run_dir]
 
 
 def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) -> Any:

@@ -3,6 +3,7 @@ workers share across restarts of their group (:class:`Attempts`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -66,7 +67,7 @@ def train_worker(config: dict[str, Any]) -> None:
                        check_paths=False)
     reported = ray.train.get_checkpoint()
     if reported is not None:
-        cfg.resume = reported.path
+        cfg = dataclasses.replace(cfg, resume=reported.path)
     if rank == 0:
         os.environ[RESTART_VAR] = str(ray.get(config["attempts"].start.remote()))
     every = config["report_every"]

@@ -15,13 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 
 from tests.support.runs import REPO, TINY, assert_close, child_env, losses, run_trainer
 from trainers.core.data import TokenFileDataset
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.corpus import resolve_files, tokenize_corpus
 from trainers.torchfree.data_source import text_source
+from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.token_file import MAGIC_UINT16, read_header
 from trainers.torchfree.tokenizer import BYTES_END_OF_TEXT, load_tokenizer
 
@@ -121,6 +122,20 @@ def word_level_tokenizer(path: Path, size: int) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(path))
     return path
+
+
+def test_a_corpus_the_tokenizer_makes_no_ids_of_leaves_the_target_as_it_was(tmp_path):
+    path = word_level_tokenizer(tmp_path / "words.json", 4)
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.normalizer = normalizers.Replace(Regex(r"[\s\S]"), "")  # every character removed
+    tokenizer.save(str(path))
+    (tmp_path / "a.txt").write_text("w1 w2 w3\n")
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"an earlier token file")
+    with pytest.raises(ConfigError, match=r"makes no ids of .*a\.txt; pass a tokenizer"):
+        tokenize_corpus([tmp_path / "a.txt"], "text", load_tokenizer(str(path)), target)
+    assert target.read_bytes() == b"an earlier token file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "out.bin", "words.json"]
 
 
 def test_prepare_data_writes_uint32_for_a_large_vocabulary(tmp_path):

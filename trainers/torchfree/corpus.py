@@ -160,7 +160,8 @@ def tokenize_corpus(files: Sequence[Path], text_field: str, tokenizer: TextToken
                     target: Path, progress: Progress | None = None) -> int:
     """Tokenize ``files`` into token file ``target`` (written atomically), with
     ``tokenizer.end_of_text`` between documents; return the token count. ``progress`` is
-    called after each batch and file."""
+    called after each batch and file. ConfigError, ``target`` left as it was, when the
+    tokenizer makes no ids of the text."""
     import numpy as np  # here, not at the top: components import this module
 
     eot = (np.array([], dtype=np.int64) if tokenizer.end_of_text is None
@@ -191,6 +192,10 @@ def tokenize_corpus(files: Sequence[Path], text_field: str, tokenizer: TextToken
             flush(batch)
             if progress:
                 progress(done, len(files), written)
+        if not written:  # raised inside the writer, which then keeps the target as it was
+            raise ConfigError(f"the tokenizer ({tokenizer.name}) makes no ids of "
+                              f"{', '.join(map(str, files))}; pass a tokenizer trained on such "
+                              "text, or bytes")
     return written
 
 
