@@ -78,12 +78,15 @@ def check_trainer(trainer: str, args: list[str], *, nodes: range, nproc: int, gp
     runs against one device of ``device_memory_gb`` or of ``gpu_type`` (a GPU job must name
     one), or on CPU-only jobs against ``node_mb`` shared by the node's processes (see
     :func:`rank_memory`). Models in files (``hf:DIR``, ``MODULE:ATTR``) are read, and so
-    checked for memory, only with ``check_paths``.
+    checked for memory, only with ``check_paths``. URLs are checked for their scheme only
+    (the scheduler reaches the bucket when it submits).
     """
     world_sizes = [n * nproc for n in nodes]
     try:
         entry = trainer_table.trainer(trainer)
-        cfg = parse_config(args, trainer, world_sizes=world_sizes, check_paths=check_paths)
+        # Buckets are reached at submit (the scheduler's pre-flight), never for a dry run.
+        cfg = parse_config(args, trainer, world_sizes=world_sizes, check_paths=check_paths,
+                           reach_stores=False)
         entry.check_placement(cfg, nproc, gpus)
         check_kill_point(env, world_sizes[-1])
         memory, more = rank_memory(nproc, gpus, node_mb, device_memory_gb, gpu_type)

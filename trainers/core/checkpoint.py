@@ -1,24 +1,26 @@
-"""Atomic, verified ``torch.distributed.checkpoint`` save and resume of a whole run: the
-collective protocol of :class:`Checkpointer`.
+"""Verified ``torch.distributed.checkpoint`` save and resume of a whole run, on disk or on an
+object store: the collective protocol of :class:`Checkpointer`.
 
 The run's state is registered once, as ``Stateful`` objects
 (:mod:`trainers.core.checkpoint_state`: model and optimizer, step; the data position), all
 saved through DCP (sharded or not, so a checkpoint resumes at another world size), and each
 rank's private state (its RNG, restored at the same world size only). Every file operation
 outside DCP's shards is in :mod:`trainers.core.checkpoint_storage`.
-A checkpoint is ``<run>/checkpoints/step_<N>/``. It is written as ``step_<N>.tmp`` and
-renamed only after every rank finished and rank 0 wrote ``manifest.json`` (size and CRC-32 of
-every file), so a crash during a save never leaves a newest checkpoint that looks complete.
-Resume verifies the manifest and falls back, with a warning, past a corrupt checkpoint.
+A checkpoint is ``<run>/checkpoints/step_<N>/`` (a prefix of a bucket for an ``s3://`` run).
+Every rank writes straight into it; only after every rank finished does rank 0 write
+``manifest.json`` (size and checksum of every file), the commit marker, so a crash during a
+save never leaves a newest checkpoint that looks complete, and no rename is needed (object
+stores have none). Resume verifies the manifest and falls back, with a warning, past a
+corrupt checkpoint.
 
 An asynchronous save (``save(step, asynchronous=True)``) copies the state into CPU memory and
 returns; DCP writes the copy from a background thread (``dcp.async_save``, over a gloo group of
-its own, so its collectives never interleave with training's), and rank 0 then writes the
-manifest there too (inside ``step_<N>.tmp`` it makes no checkpoint). The loop calls
+its own, so its collectives never interleave with training's). The loop calls
 :meth:`Checkpointer.commit_pending` after the next step: the ranks wait for what is left of the
-write and commit it together (rename; pruning in the background), as a synchronous save does.
-So a checkpoint of step N is always committed after step N + 1 (a restart never loses more than
-one extra step to it), and training stalls only where a write takes longer than a step.
+write and commit it together (the manifest; pruning in the background), as a synchronous save
+does. So a checkpoint of step N is always committed after step N + 1 (a restart never loses
+more than one extra step to it), and training stalls only where a write takes longer than a
+step.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,30 +43,26 @@ from trainers.core.distributed import DistEnv
 from trainers.torchfree.checkpoint_files import CHECKPOINTS, FORMAT, find_checkpoints
 from trainers.torchfree.errors import CheckpointWriteError, ConfigError
 from trainers.torchfree.faults import KillPoint, maybe_kill
+from trainers.torchfree.storage import RunPath
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Write:
-    """Checkpoint ``step`` being written into ``folder`` (``step_<N>.tmp``) on this rank.
+    """Checkpoint ``step`` being written into ``folder`` (``step_<N>``) on this rank.
 
     ``written`` completes once every rank's DCP write finished (DCP ends a save with a collective
-    that every rank reaches after its own files, which it writes after its per-rank state) and,
-    on rank 0, ``manifest.json`` is written too. ``failure`` is a write error of this rank that
-    happened before DCP's write could start; then ``written`` is None."""
+    that every rank reaches after its own files, which it writes after its per-rank state).
+    ``manifest`` is what rank 0 commits it with (None on the other ranks). ``failure`` is a
+    write error of this rank that happened before DCP's write could start; then ``written`` is
+    None."""
 
     step: int
-    folder: Path
-    written: Future[None] | None
+    folder: RunPath
+    written: Future[Any] | None
+    manifest: dict[str, Any] | None
     failure: str = ""
-
-
-def _when_written(upload: Future[Any], folder: Path, manifest: dict[str, Any] | None) -> None:
-    """Wait for DCP's ``upload``; rank 0 (``manifest`` given) then writes the manifest."""
-    upload.result()
-    if manifest is not None:
-        storage.write_manifest(folder, manifest)
 
 
 def _completed(value: Any) -> Future[Any]:
@@ -88,7 +85,7 @@ class Checkpointer:
     releases the background thread and the staging buffers.
     """
 
-    def __init__(self, run_dir: Path, keep: int, env: DistEnv, run_config: dict[str, Any],
+    def __init__(self, run_dir: RunPath, keep: int, env: DistEnv, run_config: dict[str, Any],
                  state: dict[str, Stateful], rank_state: dict[str, Stateful] | None = None,
                  kill_at: KillPoint | None = None,
                  facts: Callable[[], dict[str, Any]] | None = None) -> None:
@@ -107,7 +104,7 @@ class Checkpointer:
         self._group: dist.ProcessGroup | None = None
         self._stager: DefaultStager | None = None
 
-    def save(self, step: int, asynchronous: bool = False) -> Path | None:
+    def save(self, step: int, asynchronous: bool = False) -> RunPath | None:
         """Write checkpoint ``step`` of the registered state (collective: every rank calls it)
         after committing the save in flight, if any.
 
@@ -120,7 +117,7 @@ class Checkpointer:
             return None
         return self._commit(write, prune_in_background=False)
 
-    def commit_pending(self) -> Path | None:
+    def commit_pending(self) -> RunPath | None:
         """Commit the asynchronous save in flight, if any, once every rank's write finished
         (waiting for the rest of it); return the committed checkpoint (collective: the loop
         calls it at the end of every step, so a save is committed one step after its own).
@@ -136,42 +133,43 @@ class Checkpointer:
 
     def close(self) -> None:
         """Release the background thread and the staging buffers (a write still in flight is
-        left uncommitted: its ``step_<N>.tmp`` never counts as a checkpoint)."""
+        left uncommitted: a ``step_<N>`` without a manifest never counts as a checkpoint)."""
         self._background.shutdown(wait=False, cancel_futures=True)
         if self._stager is not None:
             self._stager.close()
             self._stager = None
 
     def _start(self, step: int, asynchronous: bool) -> _Write:
-        """Begin writing checkpoint ``step`` into ``step_<N>.tmp``: this rank's own state first,
+        """Begin writing checkpoint ``step`` into ``step_<N>``: this rank's own state first,
         then DCP's shards (always called, so every rank joins DCP's collectives)."""
-        tmp = storage.tmp_path(self.folder, step)
+        target = storage.checkpoint_path(self.folder, step)
         if self.env.is_main:
-            storage.prepare(tmp)
+            storage.prepare(target)
         dist.barrier()
+        manifest = ({"format": FORMAT, "step": step, "model": self.run_config["model"],
+                     "world_size": self.env.world_size, "config": self.run_config,
+                     "run": self.facts()} if self.env.is_main else None)
         failure = ""
         try:
-            storage.write_rank_state(tmp, self.env.rank,
+            storage.write_rank_state(target, self.env.rank,
                                      {name: s.state_dict() for name, s in self.rank_state.items()})
         except storage.WRITE_ERRORS as err:
             failure = storage.write_failure(err, self.folder)
+        maybe_kill(self.kill_at, "upload", self.env.rank, step, self.run_dir)
+        checkpoint_id = storage.dcp_checkpoint_id(target)
         try:
             if asynchronous:
                 # Staged synchronously (a CPU copy), so the Future is DCP's upload alone.
-                upload = dcp.async_save(self.state, checkpoint_id=tmp,
+                upload = dcp.async_save(self.state, checkpoint_id=checkpoint_id,
                                         process_group=self._checkpoint_group(),
                                         async_checkpointer_type=AsyncCheckpointerType.THREAD,
                                         async_stager=self._staging())
             else:
-                upload = _completed(dcp.save(self.state, checkpoint_id=tmp))
+                upload = _completed(dcp.save(self.state, checkpoint_id=checkpoint_id))
         except storage.WRITE_ERRORS as err:
-            return _Write(step, tmp, None, failure or storage.write_failure(err, self.folder))
-        manifest = {"format": FORMAT, "step": step, "model": self.run_config["model"],
-                    "world_size": self.env.world_size, "config": self.run_config,
-                    "run": self.facts()}
-        written = self._background.submit(_when_written, upload, tmp,
-                                          manifest if self.env.is_main else None)
-        return _Write(step, tmp, written, failure)
+            return _Write(step, target, None, manifest,
+                          failure or storage.write_failure(err, self.folder))
+        return _Write(step, target, upload, manifest, failure)
 
     def _checkpoint_group(self) -> dist.ProcessGroup:
         if self._group is None:
@@ -186,9 +184,9 @@ class Checkpointer:
                 use_async_staging=False, use_non_blocking_copy=False))
         return self._stager
 
-    def _commit(self, write: _Write, prune_in_background: bool) -> Path:
-        """Wait for ``write``; if every rank's succeeded, rank 0 renames ``step_<N>.tmp`` (with
-        its manifest) to ``step_<N>`` and prunes to the ``keep`` newest, in the background if
+    def _commit(self, write: _Write, prune_in_background: bool) -> RunPath:
+        """Wait for ``write``; if every rank's succeeded, rank 0 commits ``step_<N>`` (writes its
+        manifest) and prunes to the ``keep`` newest, in the background if
         ``prune_in_background`` (the next write waits for it) (collective)."""
         failure = write.failure
         if write.written is not None:
@@ -201,7 +199,7 @@ class Checkpointer:
         dist.all_gather_object(failures, failure)
         if any(failures):
             if self.env.is_main:
-                storage.discard(write.folder)
+                storage.remove(write.folder)
             previous = find_checkpoints(self.folder)
             raise CheckpointWriteError(
                 f"checkpoint step {write.step} could not be written to {self.folder} "
@@ -209,18 +207,27 @@ class Checkpointer:
                 + (f"{previous[0].name} is intact and a restart resumes from it"
                    if previous else "no earlier checkpoint exists")
                 + "; free space there, lower --keep-checkpoints or pass another --output-dir")
+        committed = [""]
         if self.env.is_main:
-            storage.publish(write.folder)
+            try:
+                storage.commit(write.folder, write.manifest or {})
+            except storage.WRITE_ERRORS as err:
+                committed[0] = storage.write_failure(err, self.folder)
+        dist.broadcast_object_list(committed, src=0)
+        if committed[0]:
+            raise CheckpointWriteError(f"checkpoint step {write.step} could not be committed "
+                                       f"in {self.folder} ({committed[0]}); pass another "
+                                       "--output-dir")
+        if self.env.is_main:
             if prune_in_background:
                 self._background.submit(storage.prune, self.folder, self.keep)
             else:
                 storage.prune(self.folder, self.keep)
-        dist.barrier()
-        return storage.final_path(write.folder)
+        return write.folder
 
-    def choose(self, resume: str) -> Path | None:
-        """The checkpoint ``resume`` names (auto, none or a path); rank 0 decides for all."""
-        choice: list[Path | None | str] = [None]
+    def choose(self, resume: str) -> RunPath | None:
+        """The checkpoint ``resume`` names (auto, none, a path or URL); rank 0 decides for all."""
+        choice: list[RunPath | None | str] = [None]
         if self.env.is_main:
             try:
                 choice[0] = storage.find_resumable(resume, self.folder)
@@ -231,10 +238,10 @@ class Checkpointer:
             raise ConfigError(choice[0][len("error: "):])
         return choice[0]
 
-    def load(self, path: Path) -> None:
+    def load(self, path: RunPath) -> None:
         """Restore the registered state from checkpoint ``path``; the per-rank state only if it
         was saved at this world size."""
-        dcp.load(self.state, checkpoint_id=path)
+        dcp.load(self.state, checkpoint_id=storage.dcp_checkpoint_id(path))
         saved_world = storage.saved_world_size(path)
         saved = (storage.read_rank_state(path, self.env.rank)
                  if saved_world == self.env.world_size else None)

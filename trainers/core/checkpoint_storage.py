@@ -1,11 +1,16 @@
 """Where checkpoints live: every file operation on ``<run>/checkpoints/`` besides DCP's own
-shards, on a local (or mounted) file system.
+shards, on a local (or mounted) file system or an object store (paths from
+:func:`trainers.torchfree.storage.location`).
 
-A checkpoint is written as ``step_<N>.tmp`` (:func:`tmp_path`, :func:`prepare`), holding
-DCP's shards, one ``rank_state<R>.pt`` per rank (:func:`write_rank_state`) and, last,
-``manifest.json`` with the size and CRC-32 of every file (:func:`write_manifest`); it becomes
-``step_<N>`` only by the rename of :func:`publish`. :func:`find_resumable` picks the
-checkpoint a run resumes from, verifying manifests; :func:`prune` keeps the newest. The
+One protocol for both, with no rename (an object store has no atomic directory rename, and a
+copy of a large checkpoint is no commit): checkpoint ``step_<N>/`` is emptied
+(:func:`prepare`), every rank writes its ``rank_state<R>.pt`` (:func:`write_rank_state`) and
+DCP's shards straight into it, and once every rank's write succeeded rank 0 writes
+``manifest.json`` (:func:`commit`), the commit marker: one atomic file write (a PUT on an
+object store) with the size and checksum of every file. A ``step_<N>`` without a manifest is no
+checkpoint to resume, prune, sample or export (:mod:`trainers.torchfree.checkpoint_files`);
+:func:`prune` keeps the newest committed ones and removes abandoned uncommitted steps.
+:func:`find_resumable` picks the checkpoint a run resumes from, verifying manifests. The
 collective protocol around these (who writes what when) is
 :class:`trainers.core.checkpoint.Checkpointer`'s.
 """
@@ -14,9 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,95 +29,94 @@ from trainers.torchfree.checkpoint_files import (
     MANIFEST,
     PREFIX,
     check_format,
-    crc32,
+    file_checksums,
     find_checkpoints,
+    is_committed,
+    step_dirs,
+    step_of,
     verify,
 )
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.storage import RunPath, is_remote, location, remove, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
 # What a failed write raises: an OS error, a storage error, or DCP's collected failures.
 WRITE_ERRORS = (OSError, RuntimeError, CheckpointException)
-TMP = ".tmp"
 
 
-def tmp_path(folder: Path, step: int) -> Path:
-    """Where checkpoint ``step`` is written in ``folder`` before it is published."""
-    return folder / f"{PREFIX}{step:08d}{TMP}"
+def checkpoint_path(folder: RunPath, step: int) -> RunPath:
+    """Where checkpoint ``step`` of the run whose checkpoints are in ``folder`` is written."""
+    return folder / f"{PREFIX}{step:08d}"
 
 
-def prepare(tmp: Path) -> None:
-    """Make ``tmp`` (:func:`tmp_path`) a fresh, empty folder (one rank does, for all)."""
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+def dcp_checkpoint_id(checkpoint: RunPath) -> Any:
+    """``checkpoint`` as DCP's ``checkpoint_id``: a ``Path`` picks its file-system writer and
+    reader, a URL string its fsspec ones."""
+    return str(checkpoint) if is_remote(checkpoint) else checkpoint
 
 
-def _rank_file(checkpoint: Path, rank: int) -> Path:
+def prepare(checkpoint: RunPath) -> None:
+    """Make ``checkpoint`` an empty, uncommitted directory (one rank does, for all): its
+    manifest goes first, so an interrupted clean-up never leaves a committed-looking step."""
+    manifest = checkpoint / MANIFEST
+    if manifest.exists():
+        manifest.unlink()
+    remove(checkpoint)
+    checkpoint.mkdir(parents=True, exist_ok=True)
+
+
+def _rank_file(checkpoint: RunPath, rank: int) -> RunPath:
     return checkpoint / f"rank_state{rank}.pt"
 
 
-def write_rank_state(checkpoint: Path, rank: int, state: dict[str, Any]) -> None:
+def write_rank_state(checkpoint: RunPath, rank: int, state: dict[str, Any]) -> None:
     """Rank ``rank``'s private ``state`` into ``checkpoint``."""
-    torch.save(state, _rank_file(checkpoint, rank))
+    with _rank_file(checkpoint, rank).open("wb") as f:
+        torch.save(state, f)
 
 
-def saved_world_size(checkpoint: Path) -> int:
+def saved_world_size(checkpoint: RunPath) -> int:
     """The number of ranks that saved ``checkpoint``."""
     return json.loads((checkpoint / MANIFEST).read_text())["world_size"]
 
 
-def read_rank_state(checkpoint: Path, rank: int) -> dict[str, Any] | None:
+def read_rank_state(checkpoint: RunPath, rank: int) -> dict[str, Any] | None:
     """Rank ``rank``'s private state in ``checkpoint`` (None if it has none)."""
     path = _rank_file(checkpoint, rank)
-    return torch.load(path, weights_only=True) if path.exists() else None
+    if not path.exists():
+        return None
+    with path.open("rb") as f:
+        return torch.load(f, weights_only=True)
 
 
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    """``manifest`` plus the size and CRC-32 of every file of ``folder``, as ``manifest.json``
-    there, on disk before it returns. Still inside ``step_<N>.tmp``, it makes no checkpoint:
-    that takes :func:`publish`, after every rank's write succeeded."""
-    files = {p.name: [p.stat().st_size, crc32(p)] for p in sorted(folder.iterdir())}
-    with open(folder / MANIFEST, "w") as f:
-        json.dump({**manifest, "files": files}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+def commit(checkpoint: RunPath, manifest: dict[str, Any]) -> None:
+    """Commit ``checkpoint``: ``manifest`` plus the size and checksum of every file there,
+    written atomically as ``manifest.json`` (rank 0, after every rank's write succeeded)."""
+    record = {**manifest, **file_checksums(checkpoint)}
+    write_bytes_atomic(checkpoint / MANIFEST, json.dumps(record, indent=1).encode())
 
 
-def discard(tmp: Path) -> None:
-    """Delete the unfinished checkpoint ``tmp``."""
-    shutil.rmtree(tmp, ignore_errors=True)
+def prune(folder: RunPath, keep: int) -> None:
+    """Delete all but the ``keep`` newest committed checkpoints of ``folder``, and every
+    uncommitted step older than the newest committed one (a save abandoned by a crash)."""
+    committed = find_checkpoints(folder)
+    for old in committed[keep:]:
+        remove(old)
+    if committed:
+        newest = step_of(committed[0])
+        for step in step_dirs(folder):
+            if step_of(step) < newest and not is_committed(step):
+                remove(step)
 
 
-def publish(tmp: Path) -> Path:
-    """Rename ``step_<N>.tmp`` to ``step_<N>`` (replacing one of the same step) durably: the
-    moment the checkpoint exists. Returns its path."""
-    final = final_path(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(final.parent)
-    return final
-
-
-def final_path(tmp: Path) -> Path:
-    """The path ``step_<N>.tmp`` gets once published."""
-    return tmp.with_name(tmp.name.removesuffix(TMP))
-
-
-def prune(folder: Path, keep: int) -> None:
-    """Delete all but the ``keep`` newest checkpoints of ``folder``."""
-    for old in find_checkpoints(folder)[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def find_resumable(resume: str, folder: Path) -> Path | None:
+def find_resumable(resume: str, folder: RunPath) -> RunPath | None:
     """The checkpoint ``--resume resume`` names (``auto``: the newest valid one of ``folder``;
-    ``none``; or a run or checkpoint directory), falling back with a warning past corrupt ones.
-    ConfigError (one line) when a named one has none or all are corrupt."""
+    ``none``; or a run or checkpoint directory or URL), falling back with a warning past corrupt
+    ones. ConfigError (one line) when a named one has none or all are corrupt."""
     if resume == "none":
         return None
-    candidates = find_checkpoints(folder if resume == "auto" else Path(resume))
+    candidates = find_checkpoints(folder if resume == "auto" else location(resume, "--resume"))
     if not candidates:
         if resume == "auto":
             return None
@@ -130,25 +132,18 @@ def find_resumable(resume: str, folder: Path) -> Path | None:
                       f"{candidates[0]}); pass --resume none with a new --output-dir")
 
 
-def write_failure(err: BaseException, folder: Path) -> str:
+def write_failure(err: BaseException, folder: RunPath) -> str:
     """A one-line reason for a failed checkpoint write: the OS error if there is one, "the file
-    system is full" when little space is left (torch's zip writer hides ENOSPC), else the last
-    line of the error."""
+    system is full" when little space is left on a local disk (torch's zip writer hides
+    ENOSPC), else the last line of the error."""
     seen: BaseException | None = err
     while seen is not None:
         if isinstance(seen, OSError) and seen.strerror:
             return seen.strerror
         seen = seen.__cause__ or seen.__context__
-    free = shutil.disk_usage(folder).free
-    if free < 64 * 2**20:
-        return f"the file system is full: {free / 2**20:.1f} MiB free"
+    if not is_remote(folder):
+        free = shutil.disk_usage(folder).free
+        if free < 64 * 2**20:
+            return f"the file system is full: {free / 2**20:.1f} MiB free"
     lines = str(err).strip().splitlines()
     return lines[-1].strip() if lines else type(err).__name__
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -12,7 +12,6 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
 
@@ -25,6 +24,7 @@ from trainers.models import ModelSpec, spec_of
 from trainers.torchfree.config import exit_on_config_error, parse_or_exit
 from trainers.torchfree.preemption_signals import exit_status
 from trainers.torchfree.run_record import run_record, write_config
+from trainers.torchfree.storage import location
 from trainers.torchfree.train_config import TrainConfig
 from trainers.torchfree.trainer_table import trainer
 
@@ -53,7 +53,7 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
     exits ``128 + signal`` (:func:`trainers.torchfree.preemption_signals.exit_status`)."""
     with init_distributed(cfg, device) as env, explain_out_of_memory(cfg, name, env.device):
         if env.is_main:
-            write_config(Path(cfg.output_dir),
+            write_config(location(cfg.output_dir),
                          run_record(cfg.to_dict(), name, argv, env.world_size))
         spec = spec_of(cfg)
         summary = train(cfg, env, build(cfg, env, spec), spec, on_step, notice)

@@ -18,7 +18,6 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +42,7 @@ from trainers.torchfree.checkpoint_files import saved_manifest, step_of
 from trainers.torchfree.faults import kill_point, maybe_kill, restart_count
 from trainers.torchfree.preemption_signals import exit_status, parse_signals
 from trainers.torchfree.shapes import ModelConfig
+from trainers.torchfree.storage import RunPath, location
 from trainers.torchfree.train_config import TrainConfig
 
 
@@ -77,7 +77,7 @@ def lr_factor(step: int, cfg: TrainConfig, schedule_steps: int) -> float:
 # Called on every rank after each step with (step, metrics, the checkpoint committed at that
 # step or None: an asynchronous save commits at a later step than its own); a launcher's
 # metrics sink, e.g. ray.train.report. Every rank calls it equally often.
-StepHook = Callable[[int, dict[str, float], Path | None], None]
+StepHook = Callable[[int, dict[str, float], RunPath | None], None]
 
 
 def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
@@ -120,7 +120,7 @@ def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
               shape: ModelConfig) -> tuple[Run, RunState]:
     """Data, optimizer and checkpointer of ``strategy``'s model; the checkpoint resumed, if
     any; the metrics sink and what MFU is measured against."""
-    run_dir = Path(cfg.output_dir)
+    run_dir = location(cfg.output_dir)
     train_set, val_set = build_datasets(cfg, env)
     micro = cfg.micro_batch(strategy.dp_size)
     stream = BatchStream(train_set, micro, strategy.dp_rank, strategy.dp_size, cfg.seed,
@@ -203,7 +203,7 @@ def log_step(run: Run, state: RunState, step: int, metrics: dict[str, float]) ->
         run.writer.print(format_line(step, cfg.steps, metrics, elapsed, eta))
 
 
-def save_step(run: Run, state: RunState, step: int) -> Path | None:
+def save_step(run: Run, state: RunState, step: int) -> RunPath | None:
     """Commit the save in flight, if any, then save step ``step`` if it is due: periodic ones
     in the background (``--async-checkpoint``), the final and the preemption save synchronously
     (the job ends after them). Returns the checkpoint committed now, if any (collective)."""

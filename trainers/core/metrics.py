@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from trainers.torchfree.storage import RunPath, write_bytes_atomic
+
 
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak bytes this process held so far on ``device``."""
@@ -164,8 +166,6 @@ def _step_of_record(line: str) -> float:
         return math.inf
 
 
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+def write_summary(run_dir: RunPath, summary: dict[str, Any]) -> None:
     """Write ``summary.json`` atomically."""
-    tmp = run_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    tmp.replace(run_dir / "summary.json")
+    write_bytes_atomic(run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())

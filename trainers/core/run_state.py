@@ -12,7 +12,6 @@ import signal
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from trainers.core.strategy import Strategy
 from trainers.torchfree.faults import KillPoint
 from trainers.torchfree.run_record import changed_options
 from trainers.torchfree.shapes import ModelConfig
+from trainers.torchfree.storage import RunPath, location
 from trainers.torchfree.train_config import TrainConfig
 
 
@@ -97,8 +97,8 @@ class Run:
     kill_at: KillPoint | None  # an injected fault (tests), or None
 
     @property
-    def run_dir(self) -> Path:
-        return Path(self.cfg.output_dir)
+    def run_dir(self) -> RunPath:
+        return location(self.cfg.output_dir)
 
 
 @dataclass

@@ -1,18 +1,23 @@
-"""Checkpoints on disk: where they live, their manifest, and how to tell an intact one.
+"""Checkpoints on disk or in a bucket: where they live, their manifest, and how to tell an
+intact one.
 
-A run's checkpoints are ``<run>/checkpoints/step_<N>/`` directories; a finished one holds
-``manifest.json`` with the size and CRC-32 of every file. Plain Python without torch, so
-components can check ``--resume`` before anything is scheduled.
+A run's checkpoints are ``<run>/checkpoints/step_<N>/`` directories (prefixes on an object
+store). ``manifest.json``, written last and only once every rank's files are written, is the
+commit marker: a ``step_<N>`` without one is an unfinished (or abandoned) save and is no
+checkpoint. The manifest holds the size and checksum of every file: the CRC-32 of its contents
+on disk (``"checksum": "crc32"``), the store's own content hash on an object store
+(``"checksum": "store"``, S3's ETag). Plain Python without torch, so components can check
+``--resume`` before anything is scheduled; paths are ``pathlib.Path`` or ``upath.UPath``
+(:func:`trainers.torchfree.storage.location`).
 """
 
 from __future__ import annotations
 
 import json
-import zlib
-from pathlib import Path
 from typing import Any
 
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.storage import RunPath, crc32, is_remote, listing
 
 # The layout of a checkpoint's contents; 2: the model and optimizer, the step ("progress") and
 # the data position as separate DCP entries, per-rank state in rank_state<R>.pt; the manifest's
@@ -25,50 +30,70 @@ MANIFEST = "manifest.json"
 PREFIX = "step_"
 
 
-def step_of(path: Path) -> int:
+def step_of(path: RunPath) -> int:
     """The step of checkpoint directory ``path`` (``step_<N>``)."""
     return int(path.name[len(PREFIX):])
 
 
-def find_checkpoints(path: Path) -> list[Path]:
-    """Finished checkpoints at ``path`` (a run, its checkpoints/ or one step_N), newest first."""
-    if path.name.startswith(PREFIX) and (path / MANIFEST).exists():
-        return [path]
+def step_dirs(folder: RunPath) -> list[RunPath]:
+    """Every ``step_<N>`` directly in ``folder``, committed or not, newest first."""
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir()
+             if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit() and p.is_dir()]
+    return sorted(found, key=step_of, reverse=True)
+
+
+def is_committed(checkpoint: RunPath) -> bool:
+    """Whether ``step_<N>`` directory ``checkpoint`` holds its commit marker."""
+    return (checkpoint / MANIFEST).is_file()
+
+
+def find_checkpoints(path: RunPath) -> list[RunPath]:
+    """Committed checkpoints at ``path`` (a run, its checkpoints/ or one step_N), newest
+    first; a ``step_<N>`` without a manifest is no checkpoint."""
+    if path.name.startswith(PREFIX):
+        return [path] if is_committed(path) else []
     for folder in (path / CHECKPOINTS, path):
-        if folder.is_dir():
-            found = [p for p in folder.iterdir()
-                     if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
-            if found:
-                return sorted(found, key=step_of, reverse=True)
+        found = [p for p in step_dirs(folder) if is_committed(p)]
+        if found:
+            return found
     return []
 
 
-def crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    return crc
+def file_checksums(folder: RunPath) -> dict[str, Any]:
+    """What the manifest of checkpoint ``folder`` records of its files: ``checksum`` (how
+    they are hashed) and ``files`` (name -> [size, checksum])."""
+    return {"checksum": "store" if is_remote(folder) else "crc32",
+            "files": {name: list(entry) for name, entry in listing(folder).items()}}
 
 
-def verify(path: Path) -> str | None:
+def verify(path: RunPath) -> str | None:
     """None if every file in ``path``'s manifest is intact, else what is wrong."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as err:
         return f"unreadable {MANIFEST} ({err.__class__.__name__})"
-    for name, (size, crc) in manifest["files"].items():
+    by_store = manifest.get("checksum", "crc32") == "store"
+    present = listing(path) if by_store else {}
+    for name, (size, checksum) in manifest["files"].items():
         file = path / name
-        if not file.is_file():
+        if by_store:
+            if name not in present:
+                return f"{name} is missing"
+            found_size, found = present[name]
+        elif not file.is_file():
             return f"{name} is missing"
-        if file.stat().st_size != size:
-            return f"{name} has {file.stat().st_size} bytes, expected {size}"
-        if crc32(file) != crc:
-            return f"{name} fails its CRC-32 check"
+        else:
+            found_size, found = file.stat().st_size, None
+        if found_size != size:
+            return f"{name} has {found_size} bytes, expected {size}"
+        if (found if by_store else crc32(file)) != checksum:
+            return f"{name} fails its {'content hash' if by_store else 'CRC-32'} check"
     return None
 
 
-def saved_manifest(path: Path) -> dict[str, Any] | None:
+def saved_manifest(path: RunPath) -> dict[str, Any] | None:
     """The manifest of the newest checkpoint at ``path`` with a readable one."""
     for checkpoint in find_checkpoints(path):
         try:
@@ -78,7 +103,7 @@ def saved_manifest(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def check_format(path: Path, manifest: dict[str, Any]) -> None:
+def check_format(path: RunPath, manifest: dict[str, Any]) -> None:
     """ConfigError unless the checkpoint at ``path`` is in the layout these trainers read."""
     found = manifest.get("format", 1)
     if found != FORMAT:

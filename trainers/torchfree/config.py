@@ -101,14 +101,16 @@ def resolve(cfg: TrainConfig, name: str, shape: ModelConfig | None) -> TrainConf
 
 
 def validate(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
-             check_paths: bool = True) -> TrainConfig:
+             check_paths: bool = True, reach_stores: bool = True) -> TrainConfig:
     """``cfg`` resolved (:func:`resolve`) for trainer ``name`` after every check of
     :mod:`trainers.torchfree.config_checks` at every world size the job may run at; ``cfg``
     itself is left as given.
 
     ``check_paths`` also checks the data file, the output directory and ``--resume`` on this
     machine (a component submitting to a cluster may not see them); a model in files
-    (``hf:DIR``, ``MODULE:ATTR``) is read only then.
+    (``hf:DIR``, ``MODULE:ATTR``) is read only then. Object stores (``s3://``) are reached only
+    with ``reach_stores`` too (a component leaves that to its scheduler's submit, so a dry run
+    needs no bucket); without it just their scheme is checked.
 
     Raises :class:`ConfigError` with a one-line message naming the fix.
     """
@@ -119,13 +121,15 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
     resolved = resolve(cfg, name, shape)
     config_checks.check_job(resolved, world_sizes, name, shape)
     if check_paths:
-        config_checks.check_paths(resolved, shape)
+        config_checks.check_paths(resolved, shape, reach_stores)
+    else:
+        config_checks.check_locations(resolved)
     return resolved
 
 
 def parse_config(argv: Sequence[str] | None, name: str,
                  world_sizes: Sequence[int] | None = None,
-                 check_paths: bool = True) -> TrainConfig:
+                 check_paths: bool = True, reach_stores: bool = True) -> TrainConfig:
     """Parse and validate the arguments of trainer ``name`` (an entry of the table of
     trainers, e.g. ``fsdp``).
 
@@ -136,7 +140,7 @@ def parse_config(argv: Sequence[str] | None, name: str,
     cfg = TrainConfig(**vars(namespace))
     if world_sizes is None:
         world_sizes = [int(os.environ.get("WORLD_SIZE", "1"))]
-    return validate(cfg, world_sizes, name, check_paths)
+    return validate(cfg, world_sizes, name, check_paths, reach_stores)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from trainers.torchfree.errors import ConfigError, MissingPathError
 from trainers.torchfree.paths import unwritable_reason
 from trainers.torchfree.preemption_signals import parse_signals
 from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
+from trainers.torchfree.storage import RunPath, check_store, is_remote, is_url, location
 from trainers.torchfree.trainer_table import serving, trainer
 
 if TYPE_CHECKING:
@@ -125,17 +126,49 @@ def check_job(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
             check(cfg, world, shape)
 
 
-def check_paths(cfg: TrainConfig, shape: ModelConfig) -> None:
+def check_locations(cfg: TrainConfig) -> list[RunPath]:
+    """The run's URLs (``--output-dir``, ``--resume``, ``--data``, ``--tokenizer``) as paths,
+    raising ConfigError for a scheme that is no storage or whose package is missing; reaches
+    no server. Returns those on an object store."""
+    named = [("--output-dir", cfg.output_dir), ("--data", cfg.data),
+             ("--tokenizer", cfg.tokenizer)]
+    if cfg.resume not in ("auto", "none"):
+        named.append(("--resume", cfg.resume))
+    found = [location(value, flag) for flag, value in named if value]
+    return [path for path in found if is_remote(path)]
+
+
+def check_stores(cfg: TrainConfig) -> None:
+    """The object stores the run names can be reached with this environment's credentials,
+    and ``--output-dir``'s written: what a submit checks, and never a dry run."""
+    output = location(cfg.output_dir, "--output-dir")
+    check_store(output, "--output-dir", write=True)
+    for flag, value in (("--data", cfg.data), ("--tokenizer", cfg.tokenizer),
+                        ("--resume", cfg.resume)):
+        if value and value not in ("auto", "none") and is_url(value):
+            check_store(location(value, flag), flag, write=False)
+
+
+def check_paths(cfg: TrainConfig, shape: ModelConfig, reach_stores: bool = True) -> None:
     """The output directory can be written, the data fits the model, and ``--resume`` names a
-    checkpoint of this model (or ``none`` finds none to overwrite), on this machine."""
-    _check_writable(Path(cfg.output_dir))
+    checkpoint of this model (or ``none`` finds none to overwrite), on this machine; for object
+    stores (``s3://``) only with ``reach_stores`` (:func:`check_stores`), else just their
+    scheme."""
+    remote = check_locations(cfg)
+    if remote and not reach_stores:
+        return
+    if remote:
+        check_stores(cfg)
+    output = location(cfg.output_dir)
+    if not is_remote(output):
+        _check_writable(output)
     check_data(cfg, shape.vocab_size)
     if cfg.resume == "none":
-        if find_checkpoints(Path(cfg.output_dir) / "checkpoints"):
+        if find_checkpoints(output / "checkpoints"):
             raise ConfigError(f"--resume none, but {cfg.output_dir} already holds checkpoints; "
                               "pass --resume auto or a new --output-dir")
         return
-    source = Path(cfg.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
+    source = output if cfg.resume == "auto" else location(cfg.resume)
     if cfg.resume != "auto" and not find_checkpoints(source):
         raise MissingPathError(f"--resume {cfg.resume}: no checkpoint there; pass a run directory "
                                "holding checkpoints/step_*, a step_* directory, auto or none")

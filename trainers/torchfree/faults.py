@@ -5,6 +5,8 @@ resumes runs on to the end. WHERE is
 * ``step`` (default): right after the step, before that step's checkpoint (a lost worker);
 * ``save``: inside that step's checkpoint save, after the shards are written and before the
   checkpoint is committed (a crash mid-save);
+* ``upload``: inside that step's checkpoint save, after the rank's own state is written and
+  before its DCP shards are (a crash in the middle of an upload);
 * ``node``: like ``step``, but the rank's torchrun agent is killed too (a lost node: torchrun
   cannot restart it in place, so only a scheduler retry brings the job back).
 
@@ -18,12 +20,14 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
-from pathlib import Path
 
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.storage import RunPath
 
 ENV_VAR = "TRAINERS_KILL_AT"
-PLACES = ("step", "save", "node")
+PLACES = ("step", "save", "upload", "node")
+# The places inside a checkpoint save; the others are after a step.
+IN_SAVE = frozenset({"save", "upload"})
 
 
 @dataclass(frozen=True)
@@ -48,11 +52,11 @@ def kill_point(value: str | None = None) -> KillPoint | None:
 
 
 def maybe_kill(point: KillPoint | None, where: str, rank: int, step: int,
-               run_dir: Path) -> None:
+               run_dir: RunPath) -> None:
     """SIGKILL this process (and for ``node`` its torchrun agent) if this is the kill point
-    and it has not fired in ``run_dir`` before."""
+    (``where``: ``step``, or the place in a save) and it has not fired in ``run_dir`` before."""
     if point is None or (point.rank, point.step) != (rank, step) or \
-            (where == "save") != (point.where == "save"):
+            (point.where if point.where in IN_SAVE else "step") != where:
         return
     marker = run_dir / f"fault-injected-rank{rank}-step{step}"
     if marker.exists():

@@ -17,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from trainers.torchfree.storage import RunPath, write_bytes_atomic
+
 CONFIG_FILE = "config.json"
 # Options that name where an attempt reads and writes: they may differ between attempts.
 _PER_ATTEMPT = frozenset({"resume", "output_dir"})
@@ -58,17 +60,14 @@ def run_record(options: dict[str, Any], trainer: str, argv: Sequence[str],
     }
 
 
-def write_config(run_dir: Path, record: dict[str, Any]) -> Path:
+def write_config(run_dir: RunPath, record: dict[str, Any]) -> RunPath:
     """Write ``record`` as ``run_dir/config.json`` atomically; return its path."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG_FILE
-    tmp = path.with_name(CONFIG_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
+    write_bytes_atomic(path, (json.dumps(record, indent=2) + "\n").encode())
     return path
 
 
-def read_config(run_dir: Path) -> dict[str, Any] | None:
+def read_config(run_dir: RunPath) -> dict[str, Any] | None:
     """``run_dir/config.json``, or None if the run wrote none."""
     path = run_dir / CONFIG_FILE
     return json.loads(path.read_text()) if path.exists() else None
