@@ -32,7 +32,6 @@ Here: the options and the launch; joining and checking the cluster is
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import sys
@@ -45,6 +44,7 @@ from trainers.ray_cluster import check_resources, connect, host_port
 from trainers.ray_worker import attempts_actor, train_worker
 from trainers.torchfree.config import OneLineParser, exit_on_config_error, parse_config
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.log_setup import configure_logging
 from trainers.torchfree.train_config import TrainConfig
 from trainers.torchfree.trainer_table import TRAINERS
 
@@ -199,7 +199,7 @@ def _process_died(failure: BaseException) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     with exit_on_config_error(PROG):
         options, cfg, trainer_args = parse_args(sys.argv[1:] if argv is None else argv)
         try:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import logging
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
 from trainers.torchfree.config import parse_config
+from trainers.torchfree.log_setup import configure_logging
 from trainers.torchfree.trainer_table import TRAINERS
 
 # Read by the loop's restart count (trainers.torchfree.faults.restart_count), as torchrun's
@@ -58,7 +58,7 @@ def train_worker(config: dict[str, Any]) -> None:
 
     from trainers.core.entry import train_in_group
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     name = config["trainer"]
     module = importlib.import_module(TRAINERS[name].module)
     context = ray.train.get_context()

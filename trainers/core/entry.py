@@ -8,7 +8,6 @@ line; running out of memory prints the anatomy of the job and what to try next.
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from trainers.core.preemption import Notice
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec, spec_of
 from trainers.torchfree.config import exit_on_config_error, parse_or_exit
+from trainers.torchfree.log_setup import configure_logging
 from trainers.torchfree.preemption_signals import exit_status
 from trainers.torchfree.run_record import run_record, write_config
 from trainers.torchfree.storage import location
@@ -33,7 +33,7 @@ StrategyBuilder = Callable[[TrainConfig, DistEnv, ModelSpec], Strategy]
 
 def run(name: str, build: StrategyBuilder, argv: Sequence[str] | None = None) -> None:
     """Train with the strategy ``build`` makes, as trainer ``name`` of the table of trainers."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_or_exit(argv, name)
     with exit_on_config_error(trainer(name).module):

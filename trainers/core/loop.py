@@ -96,7 +96,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
     """
     run, state = start_run(cfg, env, strategy, spec.shape)
     with PreemptionWatch(parse_signals(cfg.preemption_signals), env, notice) as watch, \
-            contextlib.closing(run.checkpointer):
+            contextlib.closing(run.checkpointer), contextlib.closing(run.writer):
         for step in range(state.start_step + 1, cfg.steps + 1):
             metrics = train_step(run, step, state.facts.schedule_steps)
             log_step(run, state, step, metrics)
@@ -104,6 +104,8 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
             run.progress.step = step
             state.preempted = watch.agreed() if step < cfg.steps else None
             saved = save_step(run, state, step)
+            if saved is not None:
+                run.writer.sync()
             if on_step is not None:
                 on_step(step, metrics, saved)
             if state.preempted is not None:
@@ -112,8 +114,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
                                  "scheduler to restart the job, which resumes from it "
                                  "(--resume auto)")
                 break
-    run.writer.close()
-    return finish(run, state)
+        return finish(run, state)
 
 
 def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy,

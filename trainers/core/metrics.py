@@ -1,7 +1,10 @@
 """Run metrics: the per-step line, metrics.jsonl, TensorBoard events, summary.json, MFU.
 
-Only rank 0 writes. Peak memory is CUDA's max allocated bytes on GPUs and the process's peak
-resident set size on the CPU. MFU divides achieved FLOP/s by a peak the user sets
+Only rank 0 writes. On an object store (``--output-dir s3://...``) the appended files and a
+``console.log`` of the printed lines go through a :class:`trainers.torchfree.mirror.Mirror`:
+written locally, copied to the run's URL at every checkpoint (:meth:`MetricsWriter.sync`) and
+at :meth:`MetricsWriter.close`. Peak memory is CUDA's max allocated bytes on GPUs and the
+process's peak resident set size on the CPU. MFU divides achieved FLOP/s by a peak the user sets
 (``--peak-tflops``) or, by default, by a short matmul probe on this device in the run's dtype.
 """
 
@@ -19,7 +22,10 @@ from typing import Any
 
 import torch
 
+from trainers.torchfree.mirror import Mirror
 from trainers.torchfree.storage import RunPath, write_bytes_atomic
+
+CONSOLE_LOG = "console.log"
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -101,25 +107,31 @@ class MetricsWriter:
     those of steps it will train again, so the file holds each step once; ``steps_redone``
     counts the dropped steps (the work a restart lost). On a terminal (``stdout`` a TTY) and
     given ``total_steps``, a tqdm progress bar with the loss, elapsed time and ETA runs below
-    the printed lines; in a log (not a TTY) there are only the lines.
+    the printed lines; in a log (not a TTY) there are only the lines. A run on an object store
+    also keeps the printed lines in ``console.log`` (its pods' logs go with them).
     """
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool,
+    def __init__(self, run_dir: RunPath, enabled: bool, tensorboard: bool,
                  start_step: int = 0, total_steps: int | None = None) -> None:
         self.enabled = enabled
         self.steps_redone = 0
         self._jsonl = None
+        self._console = None
         self._tb = None
         self._bar = None
+        self._mirror: Mirror | None = None
         if not enabled:
             return
+        self._mirror = Mirror(run_dir, resumed=("metrics.jsonl", CONSOLE_LOG))
+        local = self._mirror.local
+        if self._mirror.remote:
+            self._console = open(local / CONSOLE_LOG, "a", buffering=1)  # noqa: SIM115
         if total_steps is not None and sys.stdout.isatty() and start_step < total_steps:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step",
                              dynamic_ncols=True, file=sys.stdout)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        path = run_dir / "metrics.jsonl"
+        path = local / "metrics.jsonl"
         records = path.read_text().splitlines() if path.exists() else []
         kept = [line for line in records if _step_of_record(line) <= start_step]
         self.steps_redone = max([_step_of_record(line) for line in records] + [start_step]) \
@@ -129,7 +141,7 @@ class MetricsWriter:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(local / "tensorboard"))
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -147,15 +159,30 @@ class MetricsWriter:
             self._bar.write(line, file=sys.stdout)
         elif self.enabled:
             print(line, file=sys.stdout, flush=True)
+        if self._console is not None:
+            self._console.write(line + "\n")
+
+    def sync(self) -> None:
+        """Make what was written so far durable in the run directory: on an object store, copy
+        the changed files to it (the loop calls this after every checkpoint)."""
+        if self._mirror is None:
+            return
+        if self._tb is not None:
+            self._tb.flush()
+        self._mirror.sync()
 
     def close(self) -> None:
+        """Close the files and sync them a last time."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        if self._jsonl is not None:
-            self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
+        for sink in (self._jsonl, self._console, self._tb):
+            if sink is not None:
+                sink.close()
+        self._jsonl = self._console = self._tb = None
+        if self._mirror is not None:
+            self._mirror.close()
+            self._mirror = None
 
 
 def _step_of_record(line: str) -> float:

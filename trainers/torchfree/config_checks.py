@@ -135,6 +135,9 @@ def check_locations(cfg: TrainConfig) -> list[RunPath]:
     if cfg.resume not in ("auto", "none"):
         named.append(("--resume", cfg.resume))
     found = [location(value, flag) for flag, value in named if value]
+    if cfg.record_timeline and is_url(cfg.output_dir):
+        raise ConfigError("--record-timeline appends to files in --output-dir, which an object "
+                          "store cannot; pass a local --output-dir to record the timeline")
     return [path for path in found if is_remote(path)]
 
 
