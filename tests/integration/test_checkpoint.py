@@ -43,7 +43,8 @@ def test_save_load_round_trip_and_keep_last_k(tmp_path, world_of_one):
         ckpt.save(step)
     saved_rng = torch.get_rng_state()
     assert [p.name for p in find_checkpoints(tmp_path)] == ["step_00000003", "step_00000002"]
-    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == \
+        ["step_00000002", "step_00000003"]
 
     torch.rand(10)  # the RNG moves on; loading puts it back
     other_ckpt, other, other_opt, other_progress = tiny_checkpointer(tmp_path, world_of_one, seed=1)
@@ -57,14 +58,20 @@ def test_save_load_round_trip_and_keep_last_k(tmp_path, world_of_one):
     assert torch.equal(exp_avg, other_opt.state[next(other.parameters())]["exp_avg"])
 
 
-def test_an_unfinished_save_is_ignored(tmp_path, world_of_one):
+def test_an_unfinished_save_is_ignored_and_pruned_once_a_newer_one_commits(tmp_path,
+                                                                           world_of_one):
     ckpt = tiny_checkpointer(tmp_path, world_of_one)[0]
     ckpt.save(1)
-    # A crash during the save of step 2 leaves only its temporary directory behind.
-    partial = tmp_path / "checkpoints" / "step_00000002.tmp"
+    # A crash during the save of step 2 leaves its files without the manifest, the commit
+    # marker, which is written last.
+    partial = tmp_path / "checkpoints" / "step_00000002"
     shutil.copytree(tmp_path / "checkpoints" / "step_00000001", partial)
     (partial / "manifest.json").unlink()
     assert ckpt.choose("auto").name == "step_00000001"
+    assert [p.name for p in find_checkpoints(tmp_path)] == ["step_00000001"]
+    ckpt.save(3)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == \
+        ["step_00000001", "step_00000003"]
 
 
 def test_corrupt_newest_falls_back_with_a_warning(tmp_path, world_of_one, caplog):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.runs import TINY, assert_same_run, losses, run_trainer, torchx_cli, without
-from trainers.torchfree.checkpoint_files import find_checkpoints, verify
+from trainers.torchfree.checkpoint_files import find_checkpoints, step_dirs, verify
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.faults import KillPoint, kill_point
 
@@ -76,8 +76,9 @@ def test_crash_mid_save_leaves_the_previous_checkpoint_and_resumes_from_it(
     summary = json.loads((tmp_path / "faulted" / "summary.json").read_text())
     assert (summary["restarts"], summary["steps_lost"], summary["resumed_from_step"]) == \
         (1, lost, 4)
-    assert not list((tmp_path / "faulted" / "checkpoints").glob("*.tmp"))
-    assert all(verify(p) is None for p in find_checkpoints(tmp_path / "faulted"))
+    steps = step_dirs(tmp_path / "faulted" / "checkpoints")
+    assert steps == find_checkpoints(tmp_path / "faulted")  # no uncommitted step left behind
+    assert all(verify(p) is None for p in steps)
     assert_same_run(tmp_path / "faulted", ddp_reference, tmp_path)
 
 
@@ -139,5 +140,5 @@ def test_kill_point_parses(value, expected):
 
 @pytest.mark.parametrize("value", ["1", "1:0", "a:3", "1:3:disk", "-1:3"])
 def test_kill_point_rejects(value):
-    with pytest.raises(ConfigError, match=r"expected RANK:STEP\[:step\|save\|node\]"):
+    with pytest.raises(ConfigError, match=r"expected RANK:STEP\[:step\|save\|upload\|node\]"):
         kill_point(value)
