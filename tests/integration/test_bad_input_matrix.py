@@ -257,8 +257,8 @@ ROWS = [
         "--rdzv_port 70000: not a TCP port; pass 1-65535, or 0 for a free port", j="2x1",
         options=("--rdzv_port", "70000")),
     Row("bad-kill-at", "local_cwd", "ddp",
-        "trainers.ddp: TRAINERS_KILL_AT=1-6: expected RANK:STEP[:step|save|upload|node] with STEP >= 1, "
-        "e.g. 1:6 or 0:8:save",
+        "trainers.ddp: TRAINERS_KILL_AT=1-6: expected RANK:STEP[:step|save|upload|node] with "
+        "STEP >= 1, e.g. 1:6 or 0:8:save",
         options=("--env", "TRAINERS_KILL_AT=1-6")),
     Row("kill-at-missing-rank", "slurm", "ddp",
         "trainers.ddp: TRAINERS_KILL_AT=4:6 names rank 4, but the job has ranks 0-1; pass a "
