@@ -78,6 +78,7 @@ def test_a_killed_fsdp_run_resumes_from_the_bucket(s3, tmp_path, reference, kill
     assert steps_in(s3, "fsdp") == {"step_00000004": True, "step_00000008": True,
                                     "step_00000010": True}
     assert "resumed from s3://" in (local / "console.log").read_text()
+    assert not (REPO / "s3:").exists()  # no local folder named after the URL
     assert_same_run(local, reference, tmp_path)
 
 

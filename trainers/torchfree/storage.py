@@ -155,23 +155,44 @@ def _store_hash(entry: dict[str, Any]) -> str:
     raise ConfigError(f"{entry['name']}: the object store reports no content hash for it")
 
 
+def _probe_client(url: RunPath) -> Any:
+    """The file system that checks ``url``'s store: for S3 a client of its own that gives up
+    after two attempts and 5 s per connection (the run's own client keeps the default retries,
+    which spend half a minute on an endpoint that is down)."""
+    if url.protocol in ("s3", "s3a"):
+        import fsspec
+
+        return fsspec.filesystem("s3", skip_instance_cache=True, config_kwargs={
+            "connect_timeout": 5, "read_timeout": 30,
+            "retries": {"max_attempts": 2, "mode": "standard"}})
+    return url.fs
+
+
+def _bucket_exists(fs: Any, bucket: str) -> bool:
+    """Whether ``bucket`` exists; a client error (credentials, endpoint) raises."""
+    if hasattr(fs, "call_s3"):
+        try:
+            fs.call_s3("head_bucket", Bucket=bucket)
+        except FileNotFoundError:
+            return False
+        return True
+    return fs.exists(bucket)
+
+
 def store_reason(url: RunPath, write: bool) -> str | None:
     """Why the object store at ``url`` cannot be read (or, with ``write``, written), in a few
-    words naming the fix; None when it can. Writing is checked with one small object that is
+    words naming the fix; None when it can. Writing is checked with one empty object that is
     removed again. Reaches the server: for a submit or a start, never for a dry run."""
+    fs = _probe_client(url)
     bucket = url.path.split("/", 1)[0]
     try:
-        if not url.fs.exists(bucket):
+        if not _bucket_exists(fs, bucket):
             return f"bucket {bucket} does not exist (create it, or fix the URL)"
         if write:
-            probe = url / f".write-check-{uuid.uuid4().hex}"
-            probe.write_bytes(b"")
-            url.fs.rm(probe.path)
-        else:
-            url.fs.ls(url.path.rstrip("/") or bucket)
-    except FileNotFoundError:
-        return None
-    except Exception as err:  # noqa: BLE001 - the store's client raises its own kinds
+            probe = f"{url.path.rstrip('/')}/.write-check-{uuid.uuid4().hex}"
+            fs.pipe_file(probe, b"")
+            fs.rm_file(probe)
+    except Exception as err:  # noqa: BLE001 - each store's client raises its own kinds
         return _store_error(err)
     return None
 
