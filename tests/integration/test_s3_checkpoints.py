@@ -22,6 +22,7 @@ from tests.support.runs import (
     TINY,
     assert_same_run,
     child_env,
+    losses,
     run_trainer,
     torchx_cli,
     without,
@@ -111,3 +112,17 @@ def test_sigterm_saves_to_the_bucket_and_the_restart_loses_at_most_one_step(s3, 
     assert summary["steps_lost"] <= 1
     run_trainer([*args, "--output-dir", str(long_reference)], nproc=2, module="trainers.fsdp")
     assert_same_run(local, long_reference, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_run_on_disk_resumes_from_one_checkpoint_in_the_bucket(s3, tmp_path):
+    """``--resume s3://.../checkpoints/step_N`` starts a run on disk from a bucket run's step N:
+    its steps after N equal the bucket run's."""
+    args = [*without(TINY, "--resume"), "--checkpoint-every", "4"]
+    run_trainer([*args, "--output-dir", s3.url("first"), "--resume", "none"])
+    first = fetch(s3.url("first"), tmp_path / "first")
+    step_4 = s3.url("first", "checkpoints", "step_00000004")
+    proc = run_trainer([*args, "--output-dir", str(tmp_path / "second"), "--resume", step_4])
+    assert f"resumed from {step_4} at step 4" in proc.stdout
+    second = losses(tmp_path / "second")
+    assert second == {step: loss for step, loss in losses(first).items() if step > 4}
