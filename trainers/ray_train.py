@@ -43,8 +43,10 @@ from typing import Any
 from trainers.ray_cluster import check_resources, connect, host_port
 from trainers.ray_worker import attempts_actor, train_worker
 from trainers.torchfree.config import OneLineParser, exit_on_config_error, parse_config
+from trainers.torchfree.config_checks import check_locations
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.log_setup import configure_logging
+from trainers.torchfree.storage import is_url
 from trainers.torchfree.train_config import TrainConfig
 from trainers.torchfree.trainer_table import TRAINERS
 
@@ -132,10 +134,17 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
     options = LaunchOptions(ns.trainer, ns.workers, ns.address, ns.num_cpus, ns.cpus_per_worker,
                             ns.gpus_per_worker, ns.max_failures, ns.report_every,
                             ns.skip_resource_check)
-    cfg = parse_config(trainer_args, options.trainer, world_sizes=[options.workers])
+    cfg = parse_config(trainer_args, options.trainer, world_sizes=[options.workers],
+                       reach_stores=False)
     if cfg.device == "cuda" and not options.gpus_per_worker:
         raise ConfigError("--device cuda: the Ray workers get no GPU; pass --gpus-per-worker 1 "
                           "before --")
+    if is_url(cfg.output_dir):
+        raise ConfigError(f"--output-dir {cfg.output_dir}: Ray Train keeps its experiment "
+                          "directory on a file system every node mounts; pass a shared path, or "
+                          "run on the bucket with torchx/torchrun")
+    if check_locations(cfg):  # the buckets, now that the run is one Ray can serve
+        cfg = parse_config(trainer_args, options.trainer, world_sizes=[options.workers])
     run_dir = str(Path(cfg.output_dir).resolve())
     return options, replace(cfg, output_dir=run_dir), [*trainer_args, "--output-dir", run_dir]
 

@@ -126,6 +126,8 @@ ROWS = [
           ("--trainer ddp --workers 2 --address nohost", "--address nohost: expected HOST:PORT"),
           ("--trainer ddp --workers 2 --address auto --num-cpus 2", "--num-cpus sizes the local"),
           (f"--trainer ddp --workers 2 -- --output-dir {UNWRITABLE}", "/proc cannot be written"),
+          ("--trainer ddp --workers 2 -- --output-dir s3://runs/x",
+           "--output-dir s3://runs/x: Ray Train keeps its experiment directory on a file system"),
           ("--trainer ddp --workers 2 -- --bogus", "unrecognized arguments: --bogus")),
 ]
 
