@@ -11,7 +11,7 @@ from components.errors import ComponentArgumentError
 from trainers.torchfree import faults, trainer_table
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError, MissingPathError
-from trainers.torchfree.model_names import model_kind
+from trainers.torchfree.model_names import in_store, model_kind
 from trainers.torchfree.planner import GIB, check_fits
 from trainers.torchfree.resources import GPU_MEMORY_GB, gpu_memory_gb
 from trainers.torchfree.train_config import TrainConfig
@@ -78,8 +78,8 @@ def check_trainer(trainer: str, args: list[str], *, nodes: range, nproc: int, gp
     runs against one device of ``device_memory_gb`` or of ``gpu_type`` (a GPU job must name
     one), or on CPU-only jobs against ``node_mb`` shared by the node's processes (see
     :func:`rank_memory`). Models in files (``hf:DIR``, ``MODULE:ATTR``) are read, and so
-    checked for memory, only with ``check_paths``. URLs are checked for their scheme only
-    (the scheduler reaches the bucket when it submits).
+    checked for memory, only with ``check_paths``, and never from a bucket (``hf:s3://``).
+    URLs are checked for their scheme only (the scheduler reaches the bucket when it submits).
     """
     world_sizes = [n * nproc for n in nodes]
     try:
@@ -90,7 +90,7 @@ def check_trainer(trainer: str, args: list[str], *, nodes: range, nproc: int, gp
         entry.check_placement(cfg, nproc, gpus)
         check_kill_point(env, world_sizes[-1])
         memory, more = rank_memory(nproc, gpus, node_mb, device_memory_gb, gpu_type)
-        if check_paths or model_kind(cfg.model) == "builtin":
+        if (check_paths and not in_store(cfg.model)) or model_kind(cfg.model) == "builtin":
             try:
                 check_fits(cfg, trainer, world_sizes[0], nproc, nodes[0], memory,
                            "cuda" if gpus > 0 else "cpu")

@@ -5,22 +5,30 @@ peak memory of every run directory given (from its ``metrics.jsonl``), one colou
 a legend from each run's ``config.json`` (the options in which the runs differ). A pipeline run
 recorded with ``--record-timeline`` also gets its last step's timeline: when each stage ran
 each micro-batch's forward and backward. Needs matplotlib (``pip install -e ".[plot]"``); the
-figure is written as a PNG (default: ``<first RUN>/plot.png``).
+figure is written as a PNG (default: ``<first RUN>/plot.png``). A RUN or the output may be a
+bucket URL (``s3://bucket/runs/exp1``, through fsspec).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainers.torchfree.config import OneLineParser, exit_on_config_error
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.paths import check_output
 from trainers.torchfree.run_record import read_config
+from trainers.torchfree.storage import (
+    RunPath,
+    check_store,
+    is_remote,
+    location,
+    write_bytes_atomic,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -38,14 +46,16 @@ class Run:
     (config.json, empty if the run wrote none) and ``timeline`` (the intervals of the last
     step recorded by ``--record-timeline``, empty without one)."""
 
-    path: Path
+    path: RunPath
     metrics: list[dict[str, float]]
     config: dict[str, Any] = field(default_factory=dict)
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
 
-def load_run(path: Path) -> Run:
-    """Read run directory ``path``; ConfigError when it holds no step's metrics."""
+def load_run(path: RunPath) -> Run:
+    """Read run directory ``path`` (a local path or a bucket URL's); ConfigError when it holds
+    no step's metrics, or its bucket cannot be read."""
+    check_store(path, "RUN", write=False)
     metrics_file = path / "metrics.jsonl"
     if not metrics_file.is_file():
         raise ConfigError(f"{path} holds no metrics.jsonl; pass a run directory (a trainer's "
@@ -144,19 +154,20 @@ def draw(runs: Sequence[Run]) -> Figure:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="trainers.plot", description=__doc__.split("\n\n")[1])
-    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN",
-                        help="run directories (a trainer's --output-dir)")
-    parser.add_argument("-o", "--output", type=Path, default=None,
-                        help="PNG file to write (default: <first RUN>/plot.png)")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="run directories or bucket URLs (a trainer's --output-dir)")
+    parser.add_argument("-o", "--output", default=None,
+                        help="PNG file to write, a path or URL (default: <first RUN>/plot.png)")
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
+def main(argv: Sequence[str] | None = None) -> RunPath:
     """Plot the runs ``argv`` names; return the PNG written."""
     with exit_on_config_error("trainers.plot"):
         args = build_parser().parse_args(argv)
-        runs = [load_run(path) for path in args.runs]
-        output = args.output or args.runs[0] / "plot.png"
+        runs = [load_run(location(name, "RUN")) for name in args.runs]
+        output = (location(args.output, "--output") if args.output
+                  else runs[0].path / "plot.png")
         check_output(output, "--output")
         try:
             from matplotlib.backend_bases import FigureCanvasBase
@@ -166,8 +177,14 @@ def main(argv: Sequence[str] | None = None) -> Path:
         if output.suffix and output.suffix[1:].lower() not in formats:
             raise ConfigError(f"--output {output}: matplotlib writes no {output.suffix} files; "
                               f"pass a .png (or {', '.join('.' + f for f in sorted(formats))})")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    draw(runs).savefig(output, dpi=110)
+    figure = draw(runs)
+    if is_remote(output):  # one PUT of the whole image
+        image = io.BytesIO()
+        figure.savefig(image, dpi=110, format=output.suffix[1:].lower() or "png")
+        write_bytes_atomic(output, image.getvalue())
+    else:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(output, dpi=110)
     print(f"wrote {output}")
     return output
 

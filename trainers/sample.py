@@ -3,6 +3,7 @@
 Works on a checkpoint of any trainer at any world size, in one process on the CPU: the model
 is rebuilt from the run's config and given the checkpoint's weights
 (:func:`trainers.core.run_model.load_run_model`); text goes through the run's tokenizer.
+RUN is a local directory or a bucket URL (``s3://bucket/runs/exp1``, read through fsspec).
 Prints the prompt followed by the generated text.
 """
 
@@ -11,20 +12,20 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
 from trainers.torchfree.config import OneLineParser, exit_on_config_error
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.model_names import model_shape
 from trainers.torchfree.paths import check_run
+from trainers.torchfree.storage import location
 from trainers.torchfree.tokenizer import BYTES, load_tokenizer
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="trainers.sample", description=__doc__.splitlines()[0],
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("run", type=Path, help="a run directory (its --output-dir) or one of "
-                        "its checkpoints/step_N directories")
+    parser.add_argument("run", help="a run directory or bucket URL (its --output-dir) or one "
+                        "of its checkpoints/step_N directories")
     parser.add_argument("--prompt", required=True,
                         help="text to continue; a prompt longer than the model's context "
                              "(the run's --seq-len) keeps only its last tokens")
@@ -51,13 +52,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                               "k")
         if not args.prompt:
             raise ConfigError("--prompt is empty; pass at least one character to continue")
-        check_run(args.run)
+        run = location(args.run, "RUN")
+        check_run(run)
         import torch  # here: the checks above answer without loading torch
 
         from trainers.core.generate import generate
         from trainers.core.run_model import load_run_model
 
-        model, config = load_run_model(args.run, args.checkpoint)
+        model, config = load_run_model(run, args.checkpoint)
         codec = load_tokenizer(config.get("tokenizer", BYTES))
         shape = model_shape(config["model"])
         vocab = shape.vocab_size

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from torch import nn
 
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.model_names import model_kind, model_shape
+from trainers.torchfree.storage import location
 from trainers.torchfree.tokenizer import BYTES, load_tokenizer
 
 # (model, the run's config as a dict, output directory) -> writes config.json and weights.
@@ -140,13 +140,14 @@ def byte_tokenizer() -> Any:
 
 
 def write_tokenizer(config: dict[str, Any], out: Path, context: int) -> None:
-    """The run's tokenizer in ``out``: its tokenizer.json copied, or for a byte-level run one
-    whose ids are the bytes; and a tokenizer_config.json for ``AutoTokenizer``."""
+    """The run's tokenizer in ``out``: its tokenizer.json copied (from a path or a bucket URL),
+    or for a byte-level run one whose ids are the bytes; and a tokenizer_config.json for
+    ``AutoTokenizer``."""
     tokenizer = load_tokenizer(config.get("tokenizer", BYTES))
     if tokenizer.hf is None:
         byte_tokenizer().save(str(out / TOKENIZER))
     else:
-        shutil.copyfile(tokenizer.name, out / TOKENIZER)
+        (out / TOKENIZER).write_bytes(location(tokenizer.name).read_bytes())
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": context,
                 "clean_up_tokenization_spaces": False}
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=1) + "\n")

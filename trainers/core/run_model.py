@@ -3,7 +3,9 @@
 Every checkpoint's manifest holds the run's config and its DCP files hold the model's entries
 under ``train.model.<parameter name>`` with the model's own names, sharded or not; loading
 them into a single-process model reads and joins the shards (no process group is needed).
-:func:`load_run_model` is the one place that turns a run into a model.
+:func:`load_run_model` is the one place that turns a run into a model. A run is a local
+directory or, from :func:`trainers.torchfree.storage.location`, a bucket URL, which DCP reads
+through its fsspec reader.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from trainers.core.checkpoint_storage import dcp_checkpoint_id
 from trainers.models import allocate, resolve_spec
 from trainers.torchfree.checkpoint_files import (
     MANIFEST,
@@ -27,11 +29,12 @@ from trainers.torchfree.checkpoint_files import (
     verify,
 )
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.storage import RunPath
 
 log = logging.getLogger(__name__)
 
 
-def pick_checkpoint(path: Path, step: int | None = None) -> Path:
+def pick_checkpoint(path: RunPath, step: int | None = None) -> RunPath:
     """The checkpoint at ``path`` (a run, its checkpoints/ or one step_N): the one of ``step``,
     else the newest intact one (corrupt newer ones are skipped with a warning).
 
@@ -56,7 +59,7 @@ def pick_checkpoint(path: Path, step: int | None = None) -> Path:
                       "pass another run or --checkpoint step")
 
 
-def run_config(checkpoint: Path) -> dict[str, Any]:
+def run_config(checkpoint: RunPath) -> dict[str, Any]:
     """The run's TrainConfig (as a dict) from the manifest of ``checkpoint``; ConfigError if the
     checkpoint is of another format or predates configs in manifests."""
     manifest = json.loads((checkpoint / MANIFEST).read_text())
@@ -69,7 +72,7 @@ def run_config(checkpoint: Path) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def load_run_model(run_or_checkpoint: Path,
+def load_run_model(run_or_checkpoint: RunPath,
                    step: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """The model of a run on the CPU in eval mode with the weights of its checkpoint
     (:func:`pick_checkpoint`: a step_N directory, the run's of ``step``, else its newest intact
@@ -87,5 +90,6 @@ def load_run_model(run_or_checkpoint: Path,
                if name not in spec.shared_parameters}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single")
-        dcp.load({"train": {"model": weights}}, checkpoint_id=checkpoint, no_dist=True)
+        dcp.load({"train": {"model": weights}}, checkpoint_id=dcp_checkpoint_id(checkpoint),
+                 no_dist=True)
     return model.eval(), config

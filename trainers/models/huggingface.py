@@ -1,10 +1,14 @@
-"""``--model hf:DIR``: a Hugging Face causal LM from a local directory, as a model spec.
+"""``--model hf:DIR``: a Hugging Face causal LM from a directory, as a model spec.
 
+``DIR`` is a local directory or a bucket URL (``hf:s3://bucket/models/llama``, through fsspec).
 The model is built from ``DIR/config.json`` with ``transformers`` (an extra: ``pip install
 -e .[hf]``) on the meta device, like every model here, so FSDP shards it before any memory is
 allocated. Its weights come from ``DIR``'s safetensors files when it has any (each rank reads
 only the tensors it materializes, whole, and keeps its shard), otherwise from Hugging Face's
-initialization (N(0, ``initializer_range``), norm weights 1, biases 0). Nothing is downloaded.
+initialization (N(0, ``initializer_range``), norm weights 1, biases 0). Nothing is downloaded
+from a hub, and nothing from a bucket is written to disk: a local file is memory-mapped, a
+bucket's file is read a tensor at a time with one ranged request each (its header once), so no
+byte is fetched twice and no local copy of a multi-GB file is needed.
 ddp and fsdp (with activation checkpointing) train it; it has no tensor-parallel plan and no
 pipeline split, so those trainers refuse it before it starts. The module registers it as the
 ``hf`` family; what the torch-free checks refuse (a config.json that is not a causal LM's, an
@@ -13,7 +17,10 @@ unreadable safetensors file) never reaches it (:mod:`trainers.torchfree.model_na
 
 from __future__ import annotations
 
+import contextlib
 import json
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +31,9 @@ from trainers.models.common import normal_init
 from trainers.models.protocol import ModelSpec, ParameterInit
 from trainers.models.registry import register_family
 from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.model_names import hf_directory
+from trainers.torchfree.model_names import hf_directory, read_range, safetensors_header
 from trainers.torchfree.shapes import ModelConfig
+from trainers.torchfree.storage import RunPath, is_remote
 
 
 class CausalLM(nn.Module):
@@ -48,10 +56,23 @@ def _transformers():
     return transformers
 
 
-def _load_config(folder: Path):
+@contextlib.contextmanager
+def _local_config(folder: RunPath) -> Iterator[Path]:
+    """A local directory holding ``folder``'s config.json: ``folder`` itself, or for a bucket a
+    scratch directory with a copy of that one file."""
+    if not is_remote(folder):
+        yield folder
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        (Path(scratch) / "config.json").write_bytes((folder / "config.json").read_bytes())
+        yield Path(scratch)
+
+
+def _load_config(folder: RunPath):
     transformers = _transformers()
     try:
-        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+        with _local_config(folder) as local:
+            config = transformers.AutoConfig.from_pretrained(local, local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
         raise ConfigError(f"--model hf:{folder}: config.json does not load ({err}); pass a "
                           "directory saved by transformers' save_pretrained") from None
@@ -59,18 +80,44 @@ def _load_config(folder: Path):
     return config
 
 
-def _weight_files(folder: Path) -> dict[str, Any]:
-    """Tensor name -> the open (memory-mapped) safetensors file holding it, over every file
-    in ``folder``; each file is opened once."""
+class StoredSafetensors:
+    """A safetensors file on an object store, opened as ``safe_open`` opens a local one:
+    ``keys()`` from its header (read once), ``get_tensor(key)`` with one ranged request for
+    exactly that tensor's bytes, decoded by the safetensors library."""
+
+    def __init__(self, path: RunPath) -> None:
+        self.path = path
+        self.header, self.start = safetensors_header(path)
+        self.header.pop("__metadata__", None)
+
+    def keys(self) -> list[str]:
+        return list(self.header)
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        from safetensors.torch import load
+
+        entry = self.header[key]
+        begin, end = entry["data_offsets"]
+        alone = json.dumps({key: {**entry, "data_offsets": [0, end - begin]}}).encode()
+        # The tensor's bytes are held at most twice at once: the one-tensor file, its decoding.
+        one = len(alone).to_bytes(8, "little") + alone + read_range(
+            self.path, self.start + begin, self.start + end)
+        return load(one)[key]
+
+
+def _weight_files(folder: RunPath) -> dict[str, Any]:
+    """Tensor name -> the open safetensors file holding it (memory-mapped locally, a
+    :class:`StoredSafetensors` on an object store), over every file in ``folder``; each file is
+    opened once."""
     from safetensors import safe_open
     found: dict[str, Any] = {}
     for path in sorted(folder.glob("*.safetensors")):
-        handle = safe_open(path, framework="pt")
+        handle = StoredSafetensors(path) if is_remote(path) else safe_open(path, framework="pt")
         found.update({key: handle for key in handle.keys()})  # noqa: SIM118 - not a dict
     return found
 
 
-def _initializer(folder: Path, std: float, prefix: str) -> ParameterInit:
+def _initializer(folder: RunPath, std: float, prefix: str) -> ParameterInit:
     """Each parameter from the safetensors tensor of its name (without ``prefix``), else
     Hugging Face's initialization."""
     files = _weight_files(folder)

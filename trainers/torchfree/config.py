@@ -108,19 +108,20 @@ def validate(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
 
     ``check_paths`` also checks the data file, the output directory and ``--resume`` on this
     machine (a component submitting to a cluster may not see them); a model in files
-    (``hf:DIR``, ``MODULE:ATTR``) is read only then. Object stores (``s3://``) are reached only
-    with ``reach_stores`` too (a component leaves that to its scheduler's submit, so a dry run
-    needs no bucket); without it just their scheme is checked.
+    (``hf:DIR``, ``MODULE:ATTR``) is read only then. Object stores (``s3://``, also an
+    ``hf:s3://`` model) are reached only with ``reach_stores`` too (a component leaves that to
+    its scheduler's submit, so a dry run needs no bucket); without it just their scheme is
+    checked, and the paths' checks that need the model's vocabulary wait for the bucket.
 
     Raises :class:`ConfigError` with a one-line message naming the fix.
     """
     config_checks.check_options(cfg)
-    shape = model_shape(cfg.model, load=check_paths)
+    shape = model_shape(cfg.model, load=check_paths, reach_stores=reach_stores)
     if shape is not None:
         config_checks.check_model_fit(cfg, shape)
     resolved = resolve(cfg, name, shape)
     config_checks.check_job(resolved, world_sizes, name, shape)
-    if check_paths:
+    if check_paths and shape is not None:
         config_checks.check_paths(resolved, shape, reach_stores)
     else:
         config_checks.check_locations(resolved)

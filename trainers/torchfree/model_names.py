@@ -1,15 +1,17 @@
 """What ``--model`` names, resolved to shape facts without torch.
 
 ``--model`` takes a built-in size (:data:`trainers.torchfree.shapes.MODEL_SIZES`), ``hf:DIR`` (a
-Hugging Face causal LM whose ``config.json`` is in the local directory ``DIR``) or
-``MODULE:ATTR`` (a :class:`trainers.models.ModelSpec` named ``ATTR`` in module
-``MODULE``, importable from the working directory or an installed package). The facts of a
-built-in or ``hf:`` model are read without torch; a ``MODULE:ATTR`` spec is user code and is
-imported to read its facts.
+Hugging Face causal LM whose ``config.json`` is in ``DIR``, a local directory or a bucket URL
+such as ``s3://bucket/models/llama``) or ``MODULE:ATTR`` (a :class:`trainers.models.ModelSpec`
+named ``ATTR`` in module ``MODULE``, importable from the working directory or an installed
+package). The facts of a built-in or ``hf:`` model are read without torch; of a bucket's
+``hf:`` model only config.json and each safetensors file's header are read (ranged requests),
+never its tensors. A ``MODULE:ATTR`` spec is user code and is imported to read its facts.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -19,10 +21,11 @@ from typing import Any
 
 from trainers.torchfree.errors import ConfigError, MissingPathError
 from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
+from trainers.torchfree.storage import RunPath, is_remote, is_url, location, store_reason
 
 HF_PREFIX = "hf:"
 MODEL_HELP = ("a built-in size (" + ", ".join(MODEL_SIZES) + "), hf:DIR (a Hugging Face causal "
-              "LM's local directory) or MODULE:ATTR (a ModelSpec)")
+              "LM's directory, local or a bucket URL) or MODULE:ATTR (a ModelSpec)")
 # Hugging Face model types built like the llama family (RMSNorm, rotary, SwiGLU, GQA).
 HF_LLAMA_TYPES = ("llama", "mistral", "qwen2")
 # How the class names in a config.json's architectures of a causal LM end.
@@ -42,19 +45,42 @@ def model_kind(name: str) -> str:
                       f"{', '.join(MODEL_SIZES)}, hf:path/to/model or my_module:MY_SPEC")
 
 
-def hf_directory(name: str) -> Path:
-    """The directory of ``hf:DIR``; ConfigError unless it holds ``config.json``."""
-    folder = Path(name[len(HF_PREFIX):]).expanduser()
+def in_store(name: str) -> bool:
+    """Whether ``--model name`` is an ``hf:`` directory on an object store (read only where
+    stores are reached: never for a dry run)."""
+    return model_kind(name) == "hf" and is_url(name[len(HF_PREFIX):])
+
+
+def hf_directory(name: str) -> RunPath:
+    """The directory of ``hf:DIR`` (a ``Path``, or a ``UPath`` for a bucket URL); ConfigError
+    unless it holds ``config.json`` (for a URL: also unless its store can be read,
+    :func:`trainers.torchfree.storage.store_reason`)."""
+    given = name[len(HF_PREFIX):]
+    folder = location(given, "--model") if is_url(given) else Path(given).expanduser()
+    reason = store_reason(folder, write=False) if is_remote(folder) else None
+    if reason is not None:
+        raise ConfigError(f"--model {name}: {reason}")
     if not (folder / "config.json").is_file():
+        where = "a bucket prefix" if is_remote(folder) else "a local directory"
         raise MissingPathError(f"--model {name}: {folder / 'config.json'} does not exist; pass "
-                               "hf: and a local directory holding a Hugging Face config.json")
+                               f"hf: and {where} holding a Hugging Face config.json")
     return folder
 
 
 def hf_shape(name: str) -> ModelConfig:
     """Shape facts from ``hf:DIR``'s config.json: exact for llama-type models, else estimated
     from the transformer's widths (12 L d^2 plus embeddings). ConfigError (one line) for a
-    config.json that is not a causal LM's or a safetensors file there that is not whole."""
+    config.json that is not a causal LM's or a safetensors file there that is not whole. A
+    bucket's directory is read once per process (a start asks several times)."""
+    return _stored_shape(name) if in_store(name) else _read_hf_shape(name)
+
+
+@functools.cache
+def _stored_shape(name: str) -> ModelConfig:
+    return _read_hf_shape(name)
+
+
+def _read_hf_shape(name: str) -> ModelConfig:
     folder = hf_directory(name)
     path = folder / "config.json"
     try:
@@ -103,25 +129,41 @@ def check_causal_lm(config: dict[str, Any]) -> None:
         raise ValueError(f"it describes an encoder-decoder {config.get('model_type', 'model')}")
 
 
-def check_safetensors(path: Path) -> None:
-    """ValueError unless ``path`` is a whole safetensors file: an 8-byte little-endian header
-    length, that many bytes of JSON naming each tensor's ``data_offsets``, then exactly the
-    bytes those offsets span."""
-    size = path.stat().st_size
+def read_range(path: RunPath, start: int, end: int) -> bytes:
+    """Bytes ``start`` to ``end`` (exclusive) of file ``path``: on an object store one ranged
+    request for exactly them."""
+    if is_remote(path):
+        return path.fs.cat_file(path.path, start=start, end=end)
     with path.open("rb") as file:
-        length = int.from_bytes(file.read(8), "little")
-        if size < 8 or 8 + length > size:
-            raise ValueError(f"its header length {length:,} runs past the file's {size:,} bytes")
-        try:
-            header = json.loads(file.read(length))
-            ends = [int(entry["data_offsets"][1]) for key, entry in header.items()
-                    if key != "__metadata__"]
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
-            raise ValueError(f"its header is not safetensors JSON: {err}") from None
+        file.seek(start)
+        return file.read(end - start)
+
+
+def safetensors_header(path: RunPath) -> tuple[dict[str, Any], int]:
+    """(the header, the offset where the tensors' bytes begin) of safetensors file ``path``,
+    read from its first bytes only. ValueError unless the file is whole: an 8-byte
+    little-endian header length, that many bytes of JSON naming each tensor's
+    ``data_offsets``, then exactly the bytes those offsets span."""
+    size = path.stat().st_size
+    length = int.from_bytes(read_range(path, 0, min(8, size)) if size else b"", "little")
+    if size < 8 or 8 + length > size:
+        raise ValueError(f"its header length {length:,} runs past the file's {size:,} bytes")
+    try:
+        header = json.loads(read_range(path, 8, 8 + length))
+        ends = [int(entry["data_offsets"][1]) for key, entry in header.items()
+                if key != "__metadata__"]
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
+        raise ValueError(f"its header is not safetensors JSON: {err}") from None
     data = size - 8 - length
     if max(ends, default=0) != data:
         raise ValueError(f"its header spans {max(ends, default=0):,} bytes of tensors, the file "
                          f"holds {data:,}")
+    return header, 8 + length
+
+
+def check_safetensors(path: RunPath) -> None:
+    """ValueError unless ``path`` is a whole safetensors file (:func:`safetensors_header`)."""
+    safetensors_header(path)
 
 
 def import_spec(name: str) -> Any:
@@ -145,13 +187,19 @@ def import_spec(name: str) -> Any:
     return spec
 
 
-def model_shape(name: str, load: bool = True) -> ModelConfig | None:
+def model_shape(name: str, load: bool = True, reach_stores: bool = True) -> ModelConfig | None:
     """The shape facts of ``--model name``. With ``load`` False (a job for a cluster, whose
     files this machine may not have) a ``MODULE:ATTR`` or ``hf:DIR`` model gives None instead
-    of being read. Raises ConfigError (one line) for a name that cannot be resolved."""
+    of being read; so does an ``hf:`` bucket URL with ``reach_stores`` False (a dry run), whose
+    scheme alone is checked. Raises ConfigError (one line) for a name that cannot be
+    resolved."""
     kind = model_kind(name)
     if kind == "builtin":
         return MODEL_SIZES[name]
+    if in_store(name):
+        location(name[len(HF_PREFIX):], "--model")
+        if not reach_stores:
+            return None
     if not load:
         return None
     return hf_shape(name) if kind == "hf" else import_spec(name).shape

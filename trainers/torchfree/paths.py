@@ -1,10 +1,15 @@
-"""Whether a directory could be made and written, decided without writing anything.
+"""Whether a directory could be made and written, decided without writing anything; whether a
+run can be read.
 
 Standard library only. ``os.access`` alone says yes to root everywhere, also where the file
 system refuses every write (a read-only mount, or a kernel file system such as /proc or
 /sys); those are read from ``statvfs`` and the mount table instead of probing with a scratch
 directory, so a dry run changes nothing on disk. :func:`check_output` is the check the
-commands (``python -m trainers.prepare_data`` and the others) make of their outputs.
+commands (``python -m trainers.prepare_data`` and the others) make of their outputs,
+:func:`check_run` the one the commands that read a run (``trainers.sample``,
+``trainers.export``) make of it. Both take a local path or, from
+:func:`trainers.torchfree.storage.location`, a bucket URL, whose store they reach
+(:func:`trainers.torchfree.storage.check_store`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.storage import RunPath, check_store, is_remote, store_reason
 
 # Kernel file systems nobody creates a directory in, even as root.
 PSEUDO_FILE_SYSTEMS = frozenset({
@@ -65,14 +71,22 @@ def unwritable_reason(path: Path) -> tuple[Path, str] | None:
     return None
 
 
-def check_output(path: Path, flag: str, kind: str = "file",
+def check_output(path: RunPath, flag: str, kind: str = "file",
                  inputs: Sequence[Path] = ()) -> None:
     """Raise ConfigError (one line, naming ``flag``) unless a command can write its output
     ``path``, a ``kind`` of "file" (created or replaced) or "directory" (created or filled),
     decided before anything is written: a file must not be a directory nor one of the
     command's ``inputs``, and where it is to be created must be writable
-    (:func:`unwritable_reason`)."""
+    (:func:`unwritable_reason`; on an object store: its bucket written, by one small object
+    removed again)."""
     named = f"{flag} {path}" if flag else str(path)
+    if is_remote(path):
+        reason = store_reason(path, write=True)
+        if reason is not None:
+            raise ConfigError(f"{named}: {reason}")
+        if kind == "file" and path.is_dir():
+            raise ConfigError(f"{named} is a directory; pass the path of a {kind} to write")
+        return
     if kind == "file" and path.is_dir():
         raise ConfigError(f"{named} is a directory; pass the path of a {kind} to write")
     if kind == "file" and any(path.resolve() == p.resolve() for p in inputs):
@@ -84,9 +98,11 @@ def check_output(path: Path, flag: str, kind: str = "file",
         raise ConfigError(f"{named}: {where} cannot be written ({why}); pass a writable path")
 
 
-def check_run(path: Path) -> None:
-    """Raise ConfigError unless run (or checkpoint) directory ``path`` exists: what a command
-    that reads a run answers before loading torch to look for its checkpoints."""
+def check_run(path: RunPath) -> None:
+    """Raise ConfigError unless run (or checkpoint) directory ``path`` exists (on an object
+    store: its bucket can be read, and the prefix holds objects): what a command that reads a
+    run answers before loading torch to look for its checkpoints."""
+    check_store(path, "RUN", write=False)
     if not path.is_dir():
         why = "not a directory" if path.exists() else "no such directory"
         raise ConfigError(f"{path}: no checkpoint there ({why}); pass a run directory holding "
