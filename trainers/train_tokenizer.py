@@ -1,8 +1,9 @@
 """Train a byte-level BPE tokenizer on a corpus:
 ``python -m trainers.train_tokenizer CORPUS... --vocab-size N --output tokenizer.json``.
 
-CORPUS is a ``.txt``, ``.jsonl`` or ``.parquet`` file, a directory or a glob of them, read by
-:mod:`trainers.torchfree.corpus` as training reads text ``--data``. The tokenizer (Hugging Face
+CORPUS is a ``.txt``, ``.jsonl`` or ``.parquet`` file, a directory or a glob of them, on disk
+or in a bucket (``s3://bkt/corpus/``), read by :mod:`trainers.torchfree.corpus` as training
+reads text ``--data``. The tokenizer (Hugging Face
 ``tokenizers``: GPT-2's byte-level pre-tokenizer and decoder, so any text round-trips) holds
 ``<|endoftext|>`` (id 0, the separator between documents), the byte symbols and merges up to
 ``--vocab-size`` ids. With ``--vocab-size`` 257 or more it holds all 256 byte symbols, so any
@@ -23,6 +24,7 @@ from trainers.torchfree.corpus import check_corpus, check_not_empty, resolve_fil
 from trainers.torchfree.data_source import DEFAULT_TEXT_FIELD
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.paths import check_output
+from trainers.torchfree.storage import RunPath
 
 PROG = "trainers.train_tokenizer"
 END_OF_TEXT = "<|endoftext|>"
@@ -33,7 +35,7 @@ FULL_ALPHABET = 257  # the 256 byte symbols and the end-of-text token
 MAX_VOCAB = 1 << 24
 
 
-def train_tokenizer(files: Sequence[Path], text_field: str, vocab_size: int,
+def train_tokenizer(files: Sequence[RunPath], text_field: str, vocab_size: int,
                     output: Path) -> int:
     """Train a byte-level BPE tokenizer of at most ``vocab_size`` ids on ``files`` and save it
     to ``output``; return its vocabulary size. ConfigError if the corpus holds more distinct

@@ -34,6 +34,8 @@ StrategyBuilder = Callable[[TrainConfig, DistEnv, ModelSpec], Strategy]
 def run(name: str, build: StrategyBuilder, argv: Sequence[str] | None = None) -> None:
     """Train with the strategy ``build`` makes, as trainer ``name`` of the table of trainers."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for client in ("botocore", "aiobotocore"):  # where they found credentials: not news
+        logging.getLogger(client).setLevel(logging.WARNING)
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_or_exit(argv, name)
     with exit_on_config_error(trainer(name).module):
