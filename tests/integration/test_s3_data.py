@@ -95,6 +95,8 @@ def test_a_token_file_in_the_bucket_is_written_whole_and_read_by_window(s3, tmp_
     dataset = TokenFileDataset(array, 10, "train", 0.1)
     assert dataset[3][0].tolist() == ids[30:40].tolist()
     assert dataset[3][1].tolist() == ids[31:41].tolist()
+    batch = dataset.__getitems__([3, 0, 7])  # what a DataLoader asks: concurrent requests
+    assert [w.tolist() for w, _ in batch] == [ids[s:s + 10].tolist() for s in (30, 0, 70)]
 
 
 def test_text_is_tokenized_once_into_a_url_output_dir_by_rank_0_alone(s3, tmp_path):

@@ -24,7 +24,13 @@ from trainers.torchfree.corpus import progress_line, tokenize_corpus
 from trainers.torchfree.data_source import SYNTHETIC, TEXT, data_kind, text_source, token_array
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.storage import is_remote
-from trainers.torchfree.token_file import TokenArray, check_ids, check_token_array, read_header
+from trainers.torchfree.token_file import (
+    StoredIds,
+    TokenArray,
+    check_ids,
+    check_token_array,
+    read_header,
+)
 from trainers.torchfree.train_config import TrainConfig, model_vocab
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -83,7 +89,8 @@ def _uniform_simplex(rows: int, size: int, gen: torch.Generator) -> torch.Tensor
 
 class TokenFileDataset(Dataset[Batch]):
     """Non-overlapping windows of the token ids of a token file or a raw .bin: memory-mapped,
-    or on an object store one ranged request per window. Each window's ids are checked against
+    or on an object store by ranged requests, a batch's windows concurrently
+    (:meth:`__getitems__`, which the DataLoader calls). Each window's ids are checked against
     the vocabulary as they are read (:func:`~trainers.torchfree.token_file.check_ids`).
 
     The first ``1 - val_fraction`` of the windows are the ``train`` split, the rest ``val``.
@@ -103,11 +110,19 @@ class TokenFileDataset(Dataset[Batch]):
         return self.count
 
     def __getitem__(self, index: int) -> Batch:
-        start = (self.first + index) * self.seq_len
-        ids = self.tokens[start:start + self.seq_len + 1]
-        check_ids(self.array, ids, start)
-        window = torch.from_numpy(ids.astype(np.int64))
-        return window[:-1], window[1:]
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[Batch]:
+        starts = [(self.first + index) * self.seq_len for index in indices]
+        spans = [slice(start, start + self.seq_len + 1) for start in starts]
+        windows = (self.tokens.slices(spans) if isinstance(self.tokens, StoredIds)
+                   else [self.tokens[span] for span in spans])
+        batch = []
+        for start, ids in zip(starts, windows, strict=True):
+            check_ids(self.array, ids, start)
+            window = torch.from_numpy(ids.astype(np.int64))
+            batch.append((window[:-1], window[1:]))
+        return batch
 
 
 def build_datasets(cfg: TrainConfig, env: DistEnv) -> tuple[Dataset[Batch], Dataset[Batch]]:

@@ -15,7 +15,8 @@ Checking one reads its size and its first bytes, never its body: a token file's 
 the vocabulary its header records (the writer encodes a tokenizer of that vocabulary); a raw
 array's first :data:`PREFIX_BYTES` are checked against ``--vocab-size``, and every window a
 run reads is checked again as it is read (:func:`check_ids`). Ids on an object store are read
-by one ranged request per window (:class:`StoredIds`), nothing is downloaded whole. Needs numpy
+by ranged requests, a micro-batch's windows at once (:class:`StoredIds`); nothing is
+downloaded whole. Needs numpy
 only, and only once ids are read or written, so components can check a ``--data`` file
 without importing torch or numpy.
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,8 +74,9 @@ class TokenArray:
 
 class StoredIds:
     """The ids of a token file on an object store, sliced like an array: each slice is one
-    ranged request (``cat_file`` of its bytes). Holds the URL, not a connection: fsspec makes
-    one file system per process, so DataLoader workers each open their own."""
+    ranged request, and :meth:`slices` reads many at once, concurrently. Holds the URL, not a
+    connection: fsspec makes one file system per process, so DataLoader workers each open
+    their own."""
 
     def __init__(self, url: str, dtype: np.dtype, offset: int, count: int) -> None:
         self.url, self.dtype, self.offset, self.count = url, dtype, offset, count
@@ -83,16 +85,23 @@ class StoredIds:
         return self.count
 
     def __getitem__(self, index: slice) -> np.ndarray:
+        return self.slices([index])[0]
+
+    def slices(self, indices: Sequence[slice]) -> list[np.ndarray]:
+        """The ids of each forward slice, by concurrent ranged requests (``cat_ranges``): one
+        round trip for a whole micro-batch."""
         import numpy as np
 
-        start, stop, step = index.indices(self.count)
-        if step != 1 or stop <= start:
-            raise IndexError(f"{self.url}: only forward slices of ids read from a store")
-        size = self.dtype.itemsize
+        size, starts, ends = self.dtype.itemsize, [], []
+        for index in indices:
+            start, stop, step = index.indices(self.count)
+            if step != 1 or stop <= start:
+                raise IndexError(f"{self.url}: only forward slices of ids read from a store")
+            starts.append(self.offset + start * size)
+            ends.append(self.offset + stop * size)
         path = location(self.url)
-        data = path.fs.cat_file(path.path, start=self.offset + start * size,
-                                end=self.offset + stop * size)
-        return np.frombuffer(data, dtype=self.dtype)
+        data = path.fs.cat_ranges([path.path] * len(starts), starts, ends, on_error="raise")
+        return [np.frombuffer(chunk, dtype=self.dtype) for chunk in data]
 
 
 def dtype_for(vocab_size: int) -> np.dtype:
