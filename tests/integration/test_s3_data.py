@@ -250,19 +250,18 @@ RESUMABLE = [*TINY, "--batch-size", "16", "--steps", "6", "--checkpoint-every", 
 
 @pytest.mark.slow  # four tiny trainer runs
 def test_data_from_the_bucket_trains_and_resumes_like_the_same_data_on_disk(s3, tmp_path):
-    """A token file, and the text it was made of with a tokenizer.json, read from the bucket:
-    the same losses as the token file read from disk, and a resume continues at the exact
-    sample (with DataLoader workers, each making its own connection)."""
+    """A token file, and the text it was made of with a tokenizer.json trained on the bucket
+    and written to it, read from the bucket: the same losses as the token file read from disk,
+    and a resume continues at the exact sample (with DataLoader workers, each making its own
+    connection)."""
     corpus = write_corpus(tmp_path)
-    tokenizer = tmp_path / "tokenizer.json"
-    command("trainers.train_tokenizer", str(corpus), "--text-field", "body", "--vocab-size",
-            "256", "--output", str(tokenizer))
+    text_url, tokenizer_url = upload_tree(s3, corpus, "corpus"), s3.url("tokenizer.json")
+    command("trainers.train_tokenizer", text_url, "--text-field", "body", "--vocab-size",
+            "256", "--output", tokenizer_url)
     tokens = tmp_path / "tokens.bin"
-    command("trainers.prepare_data", str(corpus), str(tokens), "--tokenizer", str(tokenizer),
+    command("trainers.prepare_data", str(corpus), str(tokens), "--tokenizer", tokenizer_url,
             "--text-field", "body")
-    text_url = upload_tree(s3, corpus, "corpus")
     tokens_url = upload(s3, "tokens.bin", tokens.read_bytes())
-    tokenizer_url = upload(s3, "tokenizer.json", tokenizer.read_bytes())
     on_disk, bucket, resumed, text = (tmp_path / n for n in ("disk", "bucket", "again", "text"))
     run_trainer([*RESUMABLE, "--data", str(tokens), "--output-dir", str(on_disk)])
     run_trainer([*RESUMABLE, "--data", tokens_url, "--output-dir", str(bucket)])
