@@ -23,7 +23,7 @@ import torch
 
 from tests.integration.test_data_sources import command, documents, word_level_tokenizer
 from tests.support.runs import REPO, TINY, assert_close, child_env, losses, run_trainer
-from trainers.core.data import TokenFileDataset, tokenized_text
+from trainers.core.data import BatchStream, TokenFileDataset, tokenized_text
 from trainers.core.distributed import DistEnv
 from trainers.prepare_data import main as prepare_data
 from trainers.torchfree.config import parse_config
@@ -154,6 +154,22 @@ def test_checking_a_large_token_file_reads_its_header_and_size_only(tmp_path):
         with pytest.raises(ConfigError) as refused:
             dataset[len(dataset) - 1]
         assert str(refused.value) == refusal
+
+
+def test_an_id_beyond_the_vocabulary_past_the_checked_prefix_stops_the_run_in_one_line(
+        tmp_path):
+    ids = np.zeros(PREFIX_BYTES // 2 + 100_000, dtype="<u2")
+    ids[600_000] = 300  # in the training split, beyond the first MiB that the check reads
+    ids.tofile(tmp_path / "raw.bin")
+    cfg = parse_config(["--data", str(tmp_path / "raw.bin"), "--token-dtype", "uint16",
+                        "--vocab-size", "256", "--output-dir", str(tmp_path / "run")], "ddp", [1])
+    dataset = TokenFileDataset(token_array(cfg), 1000, "train", 0.01)
+    stream = BatchStream(dataset, len(dataset), 0, 1, seed=0, num_workers=2)
+    with pytest.raises(ConfigError) as refused:  # raised in a worker, one line here
+        next(stream)
+    assert str(refused.value) == (f"--data {tmp_path}/raw.bin holds id 300, beyond --vocab-size "
+                                  "256; pass --vocab-size 301 or more (or the right "
+                                  "--token-dtype)")
 
 
 def recorded_requests(s3, action, folder: Path) -> list[dict]:

@@ -219,11 +219,23 @@ class BatchStream:
                 self.sampler.set_epoch(self.epoch)
                 self.sampler.start = self.offset
                 self._iter = iter(self.loader)
-            batch = next(self._iter, None)
+            batch = _next_batch(self._iter)
             if batch is not None:
                 self.offset += len(batch[0])
                 return batch
             self.epoch, self.offset, self._iter = self.epoch + 1, 0, None
+
+
+def _next_batch(batches: Iterator[Batch]) -> Batch | None:
+    """The next batch, or None; a ConfigError raised in a DataLoader worker (which the loader
+    re-raises with the worker's traceback in its message) is raised again with its one line."""
+    try:
+        return next(batches, None)
+    except ConfigError as err:
+        lines = str(err).rstrip().splitlines()
+        if len(lines) == 1:
+            raise
+        raise type(err)(lines[-1].split(": ", 1)[-1]) from None
 
 
 def eval_batches(dataset: Dataset[Batch], micro_batch: int, dp_rank: int, dp_size: int,
