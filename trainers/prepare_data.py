@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("target", help="token file to write, e.g. data/corpus.bin or "
                         "s3://bucket/corpus.bin")
     parser.add_argument("--tokenizer", default=BYTES,
-                        help="'bytes' or the path of a Hugging Face tokenizer.json")
+                        help="'bytes' or the path or URL of a Hugging Face tokenizer.json")
     parser.add_argument("--text-field", default=DEFAULT_TEXT_FIELD,
                         help="the .jsonl field or .parquet column holding each document's text")
     with exit_on_config_error(PROG):

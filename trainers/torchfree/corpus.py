@@ -87,7 +87,7 @@ def _local_files(spec: str) -> list[Path] | None:
 
 
 def _stored_files(spec: str, flag: str) -> list[RunPath] | None:
-    """The objects URL ``spec`` names (one listing of the bucket), sorted, hidden names skipped
+    """The objects URL ``spec`` names (listed in the bucket), sorted, hidden names skipped
     as on disk; None if it names nothing. ConfigError (naming the fix) when the bucket cannot
     be read."""
     root = location(spec, flag)
@@ -104,7 +104,7 @@ def _stored_files(spec: str, flag: str) -> list[RunPath] | None:
     except FileNotFoundError:
         names = None
     except Exception as err:  # noqa: BLE001 - the store's client raises its own kinds
-        reason = store_reason(root, write=False) or str(err).splitlines()[0]
+        reason = store_reason(root, write=False) or (str(err).splitlines() or [repr(err)])[0]
         raise ConfigError(f"{flag} {spec}: {reason}") from None
     if not names:  # a bucket that does not exist lists as nothing
         reason = store_reason(root, write=False)
