@@ -1,8 +1,9 @@
 """Train a byte-level BPE tokenizer on a corpus:
 ``python -m trainers.train_tokenizer CORPUS... --vocab-size N --output tokenizer.json``.
 
-CORPUS is a ``.txt``, ``.jsonl`` or ``.parquet`` file, a directory or a glob of them, read by
-:mod:`trainers.torchfree.corpus` as training reads text ``--data``. The tokenizer (Hugging Face
+CORPUS is a ``.txt``, ``.jsonl`` or ``.parquet`` file, a directory or a glob of them, on disk
+or in a bucket (``s3://bkt/corpus/``), read by :mod:`trainers.torchfree.corpus` as training
+reads text ``--data``; ``--output`` may be a URL too. The tokenizer (Hugging Face
 ``tokenizers``: GPT-2's byte-level pre-tokenizer and decoder, so any text round-trips) holds
 ``<|endoftext|>`` (id 0, the separator between documents), the byte symbols and merges up to
 ``--vocab-size`` ids. With ``--vocab-size`` 257 or more it holds all 256 byte symbols, so any
@@ -16,13 +17,19 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from pathlib import Path
 
 from trainers.torchfree.config import OneLineParser, exit_on_config_error
 from trainers.torchfree.corpus import check_corpus, check_not_empty, resolve_files, texts
 from trainers.torchfree.data_source import DEFAULT_TEXT_FIELD
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.paths import check_output
+from trainers.torchfree.storage import (
+    RunPath,
+    check_store,
+    is_remote,
+    location,
+    write_bytes_atomic,
+)
 
 PROG = "trainers.train_tokenizer"
 END_OF_TEXT = "<|endoftext|>"
@@ -33,8 +40,8 @@ FULL_ALPHABET = 257  # the 256 byte symbols and the end-of-text token
 MAX_VOCAB = 1 << 24
 
 
-def train_tokenizer(files: Sequence[Path], text_field: str, vocab_size: int,
-                    output: Path) -> int:
+def train_tokenizer(files: Sequence[RunPath], text_field: str, vocab_size: int,
+                    output: RunPath) -> int:
     """Train a byte-level BPE tokenizer of at most ``vocab_size`` ids on ``files`` and save it
     to ``output``; return its vocabulary size. ConfigError if the corpus holds more distinct
     bytes than a ``vocab_size`` below :data:`FULL_ALPHABET` leaves room for."""
@@ -52,8 +59,7 @@ def train_tokenizer(files: Sequence[Path], text_field: str, vocab_size: int,
     if trained > vocab_size:
         raise ConfigError(f"the corpus holds {trained - 1} distinct bytes, more than --vocab-size "
                           f"{vocab_size} leaves room for; pass --vocab-size {trained} or more")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(output))
+    write_bytes_atomic(output, tokenizer.to_str(pretty=True).encode())
     return trained
 
 
@@ -65,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--vocab-size", type=int, required=True,
                         help=f"ids in the tokenizer (at most the model's; >= {FULL_ALPHABET} "
                         "to hold every byte)")
-    parser.add_argument("--output", type=Path, required=True, help="tokenizer.json to write")
+    parser.add_argument("--output", required=True,
+                        help="tokenizer.json to write (a path or an s3:// URL)")
     parser.add_argument("--text-field", default=DEFAULT_TEXT_FIELD,
                         help="the .jsonl field or .parquet column holding each document's text")
     with exit_on_config_error(PROG):
@@ -78,11 +85,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                               f"70 bytes per id up front; pass --vocab-size {MAX_VOCAB} or less "
                               "(real vocabularies stay under 300,000)")
         files = resolve_files(args.corpus, flag="corpus")
-        check_output(args.output, "--output", inputs=files)
+        output = location(args.output, "--output")
+        if is_remote(output):
+            check_store(output.parent, "--output", write=True)
+        else:
+            check_output(output, "--output", inputs=files)
         check_corpus(files, args.text_field)
         check_not_empty(files, args.text_field, " ".join(args.corpus))
-        vocab = train_tokenizer(files, args.text_field, args.vocab_size, args.output)
-    print(f"wrote {args.output}: byte-level BPE, {vocab:,} ids, {END_OF_TEXT} = 0")
+        vocab = train_tokenizer(files, args.text_field, args.vocab_size, output)
+    print(f"wrote {output}: byte-level BPE, {vocab:,} ids, {END_OF_TEXT} = 0")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Training data: built-in learnable synthetic sequences and memory-mapped token ids (a token
-file, a raw .bin, or a text corpus tokenized once into a cached token file).
+"""Training data: built-in learnable synthetic sequences and token ids (a token file, a raw
+.bin, or a text corpus tokenized once into a cached token file), memory-mapped from a local
+file or read from an object store one window per ranged request.
 
 Both datasets hold fixed-length windows of ``seq_len + 1`` tokens and return ``(inputs,
 targets)`` shifted by one. :class:`BatchStream` shards them over data-parallel ranks with a
@@ -22,7 +23,14 @@ from trainers.core.distributed import DistEnv
 from trainers.torchfree.corpus import progress_line, tokenize_corpus
 from trainers.torchfree.data_source import SYNTHETIC, TEXT, data_kind, text_source, token_array
 from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.token_file import TokenArray, check_token_array, read_header
+from trainers.torchfree.storage import is_remote
+from trainers.torchfree.token_file import (
+    StoredIds,
+    TokenArray,
+    check_ids,
+    check_token_array,
+    read_header,
+)
 from trainers.torchfree.train_config import TrainConfig, model_vocab
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -80,12 +88,16 @@ def _uniform_simplex(rows: int, size: int, gen: torch.Generator) -> torch.Tensor
 
 
 class TokenFileDataset(Dataset[Batch]):
-    """Non-overlapping windows of memory-mapped token ids (a token file or a raw .bin).
+    """Non-overlapping windows of the token ids of a token file or a raw .bin: memory-mapped,
+    or on an object store by ranged requests, a batch's windows concurrently
+    (:meth:`__getitems__`, which the DataLoader calls). Each window's ids are checked against
+    the vocabulary as they are read (:func:`~trainers.torchfree.token_file.check_ids`).
 
     The first ``1 - val_fraction`` of the windows are the ``train`` split, the rest ``val``.
     """
 
     def __init__(self, array: TokenArray, seq_len: int, split: str, val_fraction: float) -> None:
+        self.array = array
         self.vocab_size = array.vocab_size
         self.tokens = array.open()
         self.seq_len = seq_len
@@ -98,9 +110,19 @@ class TokenFileDataset(Dataset[Batch]):
         return self.count
 
     def __getitem__(self, index: int) -> Batch:
-        start = (self.first + index) * self.seq_len
-        window = torch.from_numpy(self.tokens[start:start + self.seq_len + 1].astype(np.int64))
-        return window[:-1], window[1:]
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[Batch]:
+        starts = [(self.first + index) * self.seq_len for index in indices]
+        spans = [slice(start, start + self.seq_len + 1) for start in starts]
+        windows = (self.tokens.slices(spans) if isinstance(self.tokens, StoredIds)
+                   else [self.tokens[span] for span in spans])
+        batch = []
+        for start, ids in zip(starts, windows, strict=True):
+            check_ids(self.array, ids, start)
+            window = torch.from_numpy(ids.astype(np.int64))
+            batch.append((window[:-1], window[1:]))
+        return batch
 
 
 def build_datasets(cfg: TrainConfig, env: DistEnv) -> tuple[Dataset[Batch], Dataset[Batch]]:
@@ -117,11 +139,14 @@ def build_datasets(cfg: TrainConfig, env: DistEnv) -> tuple[Dataset[Batch], Data
 
 
 def tokenized_text(cfg: TrainConfig, env: DistEnv) -> TokenArray:
-    """The cached token file of text ``--data``: local rank 0 of every node tokenizes it if it
-    is missing (on a shared file system racing nodes write the same bytes, and the last atomic
-    rename wins), every rank waits for it at a barrier."""
+    """The cached token file of text ``--data``, written if it is missing while every other
+    rank waits at a barrier: under a local ``--output-dir`` by local rank 0 of every node (on
+    a shared file system racing nodes write the same bytes, and the last atomic rename wins),
+    under a URL, which every node shares, by rank 0 alone (one upload; an object appears
+    whole)."""
     files, tokenizer, cache = text_source(cfg)
-    if env.local_rank == 0 and not cache.is_file():
+    writer = env.rank == 0 if is_remote(cache) else env.local_rank == 0
+    if writer and not cache.is_file():
         tokenize_corpus(files, cfg.text_field, tokenizer, cache, progress_line())
     if dist.is_initialized():
         dist.barrier()
@@ -194,11 +219,23 @@ class BatchStream:
                 self.sampler.set_epoch(self.epoch)
                 self.sampler.start = self.offset
                 self._iter = iter(self.loader)
-            batch = next(self._iter, None)
+            batch = _next_batch(self._iter)
             if batch is not None:
                 self.offset += len(batch[0])
                 return batch
             self.epoch, self.offset, self._iter = self.epoch + 1, 0, None
+
+
+def _next_batch(batches: Iterator[Batch]) -> Batch | None:
+    """The next batch, or None; a ConfigError raised in a DataLoader worker (which the loader
+    re-raises with the worker's traceback in its message) is raised again with its one line."""
+    try:
+        return next(batches, None)
+    except ConfigError as err:
+        lines = str(err).rstrip().splitlines()
+        if len(lines) == 1:
+            raise
+        raise type(err)(lines[-1].split(": ", 1)[-1]) from None
 
 
 def eval_batches(dataset: Dataset[Batch], micro_batch: int, dp_rank: int, dp_size: int,

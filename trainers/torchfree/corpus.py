@@ -8,6 +8,11 @@ document (its ``--text-field`` column, read with pyarrow). Files are read in sor
 and their documents joined with the tokenizer's end-of-text id between them. Training
 (:mod:`trainers.core.data`), ``trainers.prepare_data`` and ``trainers.train_tokenizer`` all
 read text through this module.
+
+A file, directory or glob may be an object-store URL (``s3://bucket/corpus/``,
+``'s3://bucket/**/*.jsonl'``): a directory is every object under the prefix, a glob is
+expanded by listing the bucket, and files are streamed through fsspec
+(:func:`trainers.torchfree.storage.location`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from trainers.torchfree.errors import ConfigError, MissingPathError
+from trainers.torchfree.storage import (
+    RunPath,
+    is_remote,
+    is_url,
+    location,
+    scheme,
+    store_reason,
+)
 from trainers.torchfree.token_file import token_file_writer
 from trainers.torchfree.tokenizer import TextTokenizer
 
@@ -38,29 +51,22 @@ def _is_glob(spec: str) -> bool:
     return any(c in spec for c in "*?[")
 
 
-def resolve_files(specs: Sequence[str], flag: str = "--data") -> list[Path]:
-    """The text files that ``specs`` (files, directories searched recursively, globs) name,
-    sorted; ConfigError for a missing path, a directory or glob with no files, or a file of
-    another suffix than :data:`TEXT_SUFFIXES`."""
-    files: list[Path] = []
+def resolve_files(specs: Sequence[str], flag: str = "--data") -> list[RunPath]:
+    """The text files that ``specs`` (files, directories searched recursively, globs; local or
+    URLs) name, sorted; ConfigError for a missing path, a directory or glob with no files, a
+    file of another suffix than :data:`TEXT_SUFFIXES`, or a bucket that cannot be read."""
+    files: list[RunPath] = []
     for spec in specs:
-        if _is_glob(spec):
-            found = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
-            if not found:
-                raise MissingPathError(f"{flag} {spec}: the glob matches no files; pass a pattern "
-                                  "that matches .txt, .jsonl or .parquet files")
-        elif Path(spec).is_dir():
-            found = sorted(p for p in Path(spec).rglob("*")
-                           if p.is_file() and not any(part.startswith(".") for part in
-                                                      p.relative_to(spec).parts))
-            if not found:
-                raise ConfigError(f"{flag} {spec}: the directory holds no files; pass a "
-                                  "directory of .txt, .jsonl or .parquet files")
-        elif Path(spec).is_file():
-            found = [Path(spec)]
-        else:
-            raise MissingPathError(f"{flag} {spec}: no such file or directory; pass a text file, a "
-                              "directory or a glob of .txt, .jsonl or .parquet files")
+        found = _stored_files(spec, flag) if is_url(spec) else _local_files(spec)
+        if found is None:
+            raise MissingPathError(f"{flag} {spec}: no such file or directory; pass a text file, "
+                                   "a directory or a glob of .txt, .jsonl or .parquet files")
+        if not found and _is_glob(spec):
+            raise MissingPathError(f"{flag} {spec}: the glob matches no files; pass a pattern "
+                                   "that matches .txt, .jsonl or .parquet files")
+        if not found:
+            raise ConfigError(f"{flag} {spec}: the directory holds no files; pass a "
+                              "directory of .txt, .jsonl or .parquet files")
         for path in found:
             if path.suffix not in TEXT_SUFFIXES:
                 raise ConfigError(f"{flag} {spec}: {path} has an unknown suffix; pass only "
@@ -70,7 +76,48 @@ def resolve_files(specs: Sequence[str], flag: str = "--data") -> list[Path]:
     return files
 
 
-def pieces(path: Path, text_field: str) -> Iterator[Piece]:
+def _local_files(spec: str) -> list[Path] | None:
+    """The files local ``spec`` names, sorted; None if it names nothing."""
+    if _is_glob(spec):
+        return sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
+    if Path(spec).is_dir():
+        return sorted(p for p in Path(spec).rglob("*")
+                      if p.is_file() and not _hidden(p.relative_to(spec).parts))
+    return [Path(spec)] if Path(spec).is_file() else None
+
+
+def _stored_files(spec: str, flag: str) -> list[RunPath] | None:
+    """The objects URL ``spec`` names (listed in the bucket), sorted, hidden names skipped
+    as on disk; None if it names nothing. ConfigError (naming the fix) when the bucket cannot
+    be read."""
+    root = location(spec, flag)
+    fs, key = root.fs, root.path.rstrip("/")
+    try:
+        if _is_glob(spec):
+            names = sorted(n for n, e in fs.glob(key, detail=True).items() if e["type"] == "file"
+                           and not _hidden(set(n.split("/")) - set(key.split("/"))))
+        elif fs.isdir(key):
+            names = sorted(n for n in fs.find(key)
+                           if not _hidden(n[len(key):].strip("/").split("/")))
+        else:
+            names = [key] if fs.isfile(key) else None
+    except FileNotFoundError:
+        names = None
+    except Exception as err:  # noqa: BLE001 - the store's client raises its own kinds
+        reason = store_reason(root, write=False) or (str(err).splitlines() or [repr(err)])[0]
+        raise ConfigError(f"{flag} {spec}: {reason}") from None
+    if not names:  # a bucket that does not exist lists as nothing
+        reason = store_reason(root, write=False)
+        if reason is not None:
+            raise ConfigError(f"{flag} {spec}: {reason}")
+    return None if names is None else [location(f"{scheme(spec)}://{n}") for n in names]
+
+
+def _hidden(parts: Sequence[str]) -> bool:
+    return any(part.startswith(".") for part in parts)
+
+
+def pieces(path: RunPath, text_field: str) -> Iterator[Piece]:
     """The text of ``path`` in pieces, each with whether a document ends after it."""
     if path.suffix in PLAIN_SUFFIXES:
         yield from _txt_pieces(path)
@@ -80,8 +127,8 @@ def pieces(path: Path, text_field: str) -> Iterator[Piece]:
         yield from ((text, True) for text in _parquet_texts(path, text_field))
 
 
-def _txt_pieces(path: Path) -> Iterator[Piece]:
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+def _txt_pieces(path: RunPath) -> Iterator[Piece]:
+    with path.open("r", encoding="utf-8", errors="replace", newline="") as f:
         block = f.read(_TXT_BLOCK)
         while block:
             block += f.readline()  # end the piece at a line end
@@ -90,8 +137,8 @@ def _txt_pieces(path: Path) -> Iterator[Piece]:
             block = following
 
 
-def _jsonl_texts(path: Path, text_field: str) -> Iterator[str]:
-    with open(path, encoding="utf-8", errors="replace") as f:
+def _jsonl_texts(path: RunPath, text_field: str) -> Iterator[str]:
+    with path.open("r", encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -107,13 +154,14 @@ def _jsonl_texts(path: Path, text_field: str) -> Iterator[str]:
             yield text
 
 
-def _parquet_column(path: Path, text_field: str) -> Any:
+def _parquet_column(path: RunPath, text_field: str) -> Any:
     """``path`` opened with pyarrow, checked to hold string column ``text_field``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = (pq.ParquetFile(path.path, filesystem=path.fs) if is_remote(path)
+                   else pq.ParquetFile(path))
     except (pa.ArrowException, OSError) as err:
         raise ConfigError(f"{path}: not a readable Parquet file ({err}); pass a Parquet "
                           "file written by pyarrow, pandas or datasets") from None
@@ -126,13 +174,13 @@ def _parquet_column(path: Path, text_field: str) -> Any:
     return parquet
 
 
-def _parquet_texts(path: Path, text_field: str) -> Iterator[str]:
+def _parquet_texts(path: RunPath, text_field: str) -> Iterator[str]:
     parquet = _parquet_column(path, text_field)
     for batch in parquet.iter_batches(columns=[text_field]):
         yield from (text for text in batch.column(0).to_pylist() if text is not None)
 
 
-def check_corpus(files: Sequence[Path], text_field: str) -> None:
+def check_corpus(files: Sequence[RunPath], text_field: str) -> None:
     """Raise ConfigError, naming the file (and line), unless every .jsonl line holds a string
     ``text_field`` and every .parquet file a string column of that name."""
     for path in files:
@@ -143,21 +191,21 @@ def check_corpus(files: Sequence[Path], text_field: str) -> None:
             _parquet_column(path, text_field)
 
 
-def check_not_empty(files: Sequence[Path], text_field: str, named: str) -> None:
+def check_not_empty(files: Sequence[RunPath], text_field: str, named: str) -> None:
     """Raise ConfigError unless ``files`` hold some text (reading up to the first that does);
     ``named``: how the command's arguments named them."""
     if not any(texts(files, text_field)):
         raise ConfigError(f"{named} is empty: no text to tokenize; pass non-empty files")
 
 
-def texts(files: Sequence[Path], text_field: str) -> Iterator[str]:
+def texts(files: Sequence[RunPath], text_field: str) -> Iterator[str]:
     """Every piece of text in ``files`` (for training a tokenizer)."""
     for path in files:
         yield from (text for text, _ in pieces(path, text_field))
 
 
-def tokenize_corpus(files: Sequence[Path], text_field: str, tokenizer: TextTokenizer,
-                    target: Path, progress: Progress | None = None) -> int:
+def tokenize_corpus(files: Sequence[RunPath], text_field: str, tokenizer: TextTokenizer,
+                    target: RunPath, progress: Progress | None = None) -> int:
     """Tokenize ``files`` into token file ``target`` (written atomically), with
     ``tokenizer.end_of_text`` between documents; return the token count. ``progress`` is
     called after each batch and file. ConfigError, ``target`` left as it was, when the

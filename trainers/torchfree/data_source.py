@@ -6,8 +6,13 @@
   how to read it;
 - text: a plain-text (``.txt``, ``.md``, ``.py``), ``.jsonl`` or ``.parquet`` file, a directory
   or a glob of them, tokenized with ``--tokenizer`` once into a token file cached under
-  ``<output-dir>/data/``, named by a hash of the files' paths, sizes and modification times,
-  the tokenizer and ``--text-field``.
+  ``<output-dir>/data/``, named by a hash of the files' paths, sizes and modification times
+  (objects: URLs, sizes, ETags and modification times), the tokenizer and ``--text-field``.
+
+Each may be a local path or an object-store URL (``s3://...``, through
+:func:`trainers.torchfree.storage.location`), and so may ``--output-dir`` that holds the cache.
+A URL's kind is told by its suffix alone (``.bin``: a token file or raw array), so checking
+the options reaches no server.
 
 With a token file or a raw ``.bin``, ``--tokenizer`` names the tokenizer that made its ids
 (``trainers.sample`` and ``trainers.export`` decode with it): its vocabulary must be the token
@@ -19,11 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainers.torchfree.corpus import FIELD_SUFFIXES, check_corpus, resolve_files
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.storage import RunPath, is_remote, location
 from trainers.torchfree.token_file import (
     TokenArray,
     check_raw_ids,
@@ -47,7 +52,8 @@ def data_kind(cfg: TrainConfig) -> str:
     A ``.bin`` is raw when ``--token-dtype`` or ``--vocab-size`` is given, else a token file."""
     if cfg.data == SYNTHETIC:
         return SYNTHETIC
-    if Path(cfg.data).suffix == ".bin" or has_header(Path(cfg.data)):
+    data = location(cfg.data, "--data")
+    if data.suffix == ".bin" or (not is_remote(data) and has_header(data)):
         return RAW if cfg.token_dtype or cfg.vocab_size else TOKENS
     return TEXT
 
@@ -75,7 +81,7 @@ def check_data_options(cfg: TrainConfig) -> None:
                           f"not {given_data}; drop --text-field")
 
 
-def text_source(cfg: TrainConfig) -> tuple[list[Path], TextTokenizer, Path]:
+def text_source(cfg: TrainConfig) -> tuple[list[RunPath], TextTokenizer, RunPath]:
     """A text ``--data``'s files, its tokenizer, and the token file it is cached in."""
     files = resolve_files([cfg.data])
     if (cfg.text_field != DEFAULT_TEXT_FIELD
@@ -86,20 +92,24 @@ def text_source(cfg: TrainConfig) -> tuple[list[Path], TextTokenizer, Path]:
     return files, tokenizer, cache_path(cfg.output_dir, files, tokenizer, cfg.text_field)
 
 
-def cache_path(output_dir: str, files: Sequence[Path], tokenizer: TextTokenizer,
-               text_field: str) -> Path:
+def cache_path(output_dir: str, files: Sequence[RunPath], tokenizer: TextTokenizer,
+               text_field: str) -> RunPath:
     """``<output_dir>/data/tokens-<key>.bin``: the key changes when a file is added, removed,
-    resized or touched, or the tokenizer or text field changes."""
-    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    resized or touched (an object: its URL and the hash of what the store reports of it, its
+    size, ETag and modification time), or the tokenizer or text field changes."""
+    stats = [(str(p), p.fs.ukey(p.path)) if is_remote(p)
+             else (str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     key = json.dumps([CACHE_VERSION, stats, tokenizer.identity, text_field])
-    return Path(output_dir) / "data" / f"tokens-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
+    name = f"tokens-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
+    return location(output_dir, "--output-dir") / "data" / name
 
 
 def token_array(cfg: TrainConfig) -> TokenArray:
     """The ids of a token file or raw ``.bin`` ``--data``."""
+    data = location(cfg.data, "--data")
     if data_kind(cfg) == RAW:
-        return raw_tokens(Path(cfg.data), cfg.token_dtype, cfg.vocab_size)
-    return read_header(Path(cfg.data))
+        return raw_tokens(data, cfg.token_dtype, cfg.vocab_size)
+    return read_header(data)
 
 
 def check_data(cfg: TrainConfig, model_vocab: int) -> None:

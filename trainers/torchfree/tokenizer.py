@@ -2,9 +2,10 @@
 
 ``bytes``: every UTF-8 byte of the text is one id (0-255, vocabulary 256); documents are
 separated by id 255 (the byte 0xFF, which UTF-8 text never contains), so the separator costs
-no vocabulary entry. A ``tokenizer.json`` is loaded with ``tokenizers.Tokenizer.from_file``;
-documents are separated by its end-of-text token (the first of :data:`END_OF_TEXT` it has),
-or by nothing if it has none.
+no vocabulary entry. A ``tokenizer.json`` (a local path or an object-store URL,
+:func:`trainers.torchfree.storage.location`) is read and loaded with
+``tokenizers.Tokenizer.from_str``; documents are separated by its end-of-text token (the first
+of :data:`END_OF_TEXT` it has), or by nothing if it has none.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainers.torchfree.errors import ConfigError, MissingPathError
+from trainers.torchfree.storage import location
 
 if TYPE_CHECKING:  # numpy loads when text is encoded: components import this module
     import numpy as np
@@ -56,21 +57,23 @@ def load_tokenizer(spec: str) -> TextTokenizer:
     """The tokenizer ``--tokenizer spec`` names; ConfigError if it does not load."""
     if spec == BYTES:
         return TextTokenizer(BYTES, 256, BYTES_END_OF_TEXT, BYTES)
-    path = Path(spec)
+    path = location(spec, "--tokenizer")
     if not path.is_file():
         raise MissingPathError(f"--tokenizer {spec}: no such file; pass bytes or the path of a "
-                          "tokenizer.json (train one with `python -m trainers.train_tokenizer`)")
+                               "tokenizer.json (train one with `python -m "
+                               "trainers.train_tokenizer`)")
     from tokenizers import Tokenizer  # imported here: only text sources need it
 
+    data = path.read_bytes()
     try:
-        hf = Tokenizer.from_file(str(path))
+        hf = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as err:  # noqa: BLE001 - tokenizers raises plain Exceptions
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(f"--tokenizer {spec} does not load ({reason}); pass a Hugging Face "
                           "tokenizer.json or bytes") from None
     vocab = max(hf.get_vocab(with_added_tokens=True).values(), default=-1) + 1
     eot = next((hf.token_to_id(t) for t in END_OF_TEXT if hf.token_to_id(t) is not None), None)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256(data).hexdigest()
     return TextTokenizer(str(path), vocab, eot, f"tokenizer.json:{digest}", hf)
 
 
