@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from trainers.torchfree.checkpoint_files import check_format, find_checkpoints, saved_manifest
 from trainers.torchfree.data_source import check_data, check_data_options
 from trainers.torchfree.errors import ConfigError, MissingPathError
+from trainers.torchfree.model_names import HF_PREFIX, in_store
 from trainers.torchfree.paths import unwritable_reason
 from trainers.torchfree.preemption_signals import parse_signals
 from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
@@ -150,6 +151,8 @@ def check_stores(cfg: TrainConfig) -> None:
                         ("--resume", cfg.resume)):
         if value and value not in ("auto", "none") and is_url(value):
             check_store(location(value, flag), flag, write=False)
+    if in_store(cfg.model):
+        check_store(location(cfg.model[len(HF_PREFIX):], "--model"), "--model", write=False)
 
 
 def check_paths(cfg: TrainConfig, shape: ModelConfig, reach_stores: bool = True) -> None:
