@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.integration.test_bad_input_models import CASES, bad_hf_dirs
-from tests.support.runs import TINY, losses, run_trainer
+from tests.support.runs import TINY, losses, one_line_error, run_trainer
 from trainers import export, plot, sample
 from trainers.torchfree.checkpoint_files import MANIFEST
 from trainers.torchfree.config import parse_config
@@ -48,15 +48,6 @@ def _out(capsys, module: Any, *argv: str) -> str:
     return capsys.readouterr().out
 
 
-def _error(capsys, module: Any, *argv: str) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        module.main([*argv])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
-    return err
-
-
 def _exported(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
@@ -83,7 +74,7 @@ def test_a_bucket_run_samples_and_exports_as_its_local_directory(local_run, s3, 
     fs = fsspec.filesystem("s3")
     assert {name: fs.cat_file(f"{s3.name}/models/exp1/{name}") for name in expected} == expected
     assert s3.keys("models/") == [f"models/exp1/{name}" for name in sorted(expected)]
-    assert "already exists and is not an empty directory" in _error(
+    assert "already exists and is not an empty directory" in one_line_error(
         capsys, export, url, s3.url("models/exp1"))
 
 
@@ -94,7 +85,7 @@ def test_a_step_without_its_manifest_is_no_checkpoint_in_a_bucket(local_run, s3,
     argv = ["--prompt", "ab", "--tokens", "8", "--temperature", "0"]
     assert _out(capsys, sample, url, *argv) == _out(capsys, sample, str(local_run), *argv,
                                                     "--checkpoint", "2")
-    assert "no checkpoint there; pass a run directory" in _error(
+    assert "no checkpoint there; pass a run directory" in one_line_error(
         capsys, sample, f"{url}/{STEP_4}", *argv)
 
 
@@ -119,11 +110,11 @@ def test_what_is_not_a_run_in_a_bucket_is_one_line(s3, tmp_path, capsys, module)
     extra = {sample: ["--prompt", "a"], export: [str(tmp_path / "out")], plot: []}[module]
     missing = f"s3://no-such-{s3.name}/runs/exp1"
     assert f"RUN {missing}: bucket no-such-{s3.name} does not exist (create it, or fix " \
-           "the URL)" in _error(capsys, module, missing, *extra)
+           "the URL)" in one_line_error(capsys, module, missing, *extra)
     nothing = s3.url("runs/none")
     expected = "holds no metrics.jsonl" if module is plot else "no checkpoint there"
-    assert expected in _error(capsys, module, nothing, *extra)
-    assert f"RUN foo://{s3.name}/x: unknown storage scheme foo://" in _error(
+    assert expected in one_line_error(capsys, module, nothing, *extra)
+    assert f"RUN foo://{s3.name}/x: unknown storage scheme foo://" in one_line_error(
         capsys, module, f"foo://{s3.name}/x", *extra)
     assert not (tmp_path / "out").exists() and s3.keys() == []
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.support.component_runs import COMPONENTS
-from tests.support.runs import TINY, run_trainer
+from tests.support.runs import TINY, one_line_error, run_trainer
 from trainers import export, sample
 from trainers.core.run_model import load_run_model, pick_checkpoint
 from trainers.torchfree.checkpoint_files import MANIFEST, find_checkpoints
@@ -57,15 +57,6 @@ def _greedy(model: torch.nn.Module, ids: list[int], tokens: int) -> list[int]:
 def _sample(capsys, *argv: str) -> str:
     sample.main([*argv])
     return capsys.readouterr().out.removesuffix("\n")
-
-
-def _error(capsys, module: Any, *argv: str) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        module.main([*argv])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
-    return err
 
 
 def test_greedy_sampling_is_deterministic_and_the_argmax_of_our_model(tiny_run, capsys):
@@ -194,36 +185,36 @@ def test_every_trainers_checkpoint_samples_and_exports(component_runs, tmp_path,
     (["--checkpoint", "3"], "no checkpoint of step 3; its steps are 4, 2"),
 ])
 def test_bad_sampling_options_are_one_line(tiny_run, capsys, argv, message):
-    assert message in _error(capsys, sample, str(tiny_run), "--prompt", "a", *argv)
+    assert message in one_line_error(capsys, sample, str(tiny_run), "--prompt", "a", *argv)
 
 
 def test_an_empty_prompt_is_one_line(tiny_run, capsys):
-    assert "--prompt is empty" in _error(capsys, sample, str(tiny_run), "--prompt", "")
+    assert "--prompt is empty" in one_line_error(capsys, sample, str(tiny_run), "--prompt", "")
 
 
 @pytest.mark.parametrize("module", [sample, export])
 def test_a_path_without_checkpoints_is_one_line(tmp_path, capsys, module):
     argv = [str(tmp_path / "nothing"), "--prompt", "a"] if module is sample else \
         [str(tmp_path / "nothing"), str(tmp_path / "out")]
-    assert "no checkpoint there" in _error(capsys, module, *argv)
+    assert "no checkpoint there" in one_line_error(capsys, module, *argv)
 
 
 def test_a_manifest_without_config_is_one_line(tiny_run, tmp_path, capsys):
     run = _with_manifests(tiny_run, tmp_path / "run", lambda m: m.pop("config"))
-    assert "holds no run config" in _error(capsys, sample, str(run), "--prompt", "a")
+    assert "holds no run config" in one_line_error(capsys, sample, str(run), "--prompt", "a")
 
 
 def test_a_missing_tokenizer_file_is_one_line(tiny_run, tmp_path, capsys):
     gone = _configured(tokenizer=str(tmp_path / "gone.json"))
     run = _with_manifests(tiny_run, tmp_path / "run", gone)
-    assert "gone.json: no such file" in _error(capsys, sample, str(run), "--prompt", "a")
+    assert "gone.json: no such file" in one_line_error(capsys, sample, str(run), "--prompt", "a")
 
 
 def test_export_refuses_a_non_empty_out_and_attention_gpt2_lacks(tiny_run, tmp_path, capsys):
     pytest.importorskip("transformers")
     (tmp_path / "full").mkdir()
     (tmp_path / "full/x").write_text("x")
-    assert "is not an empty directory" in _error(capsys, export, str(tiny_run),
+    assert "is not an empty directory" in one_line_error(capsys, export, str(tiny_run),
                                                  str(tmp_path / "full"))
     run = _with_manifests(tiny_run, tmp_path / "run", _configured(attention="linear"))
-    assert "is not GPT-2's" in _error(capsys, export, str(run), str(tmp_path / "out"))
+    assert "is not GPT-2's" in one_line_error(capsys, export, str(run), str(tmp_path / "out"))

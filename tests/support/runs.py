@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -104,3 +105,15 @@ def assert_same_run(faulted: Path, reference: Path, tmp_path: Path) -> None:
     for name, tensor in ref_w.items():
         diff = (got_w[name] - tensor).abs().max() / tensor.abs().max().clamp_min(1e-12)
         assert diff <= 1e-6, (name, float(diff))
+
+
+def one_line_error(capsys: Any, module: Any, *argv: str) -> str:
+    """What ``module.main(argv)`` writes to stderr when it exits 2, asserting it is one line."""
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([*argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
