@@ -161,7 +161,9 @@ def store_reason(url: RunPath, write: bool) -> str | None:
     removed again. Reaches the server: for a submit or a start, never for a dry run."""
     bucket = url.path.split("/", 1)[0]
     try:
-        if not url.fs.exists(bucket):
+        try:  # not fs.exists, which answers False for any error (no credentials, no endpoint)
+            url.fs.info(bucket)
+        except FileNotFoundError:
             return f"bucket {bucket} does not exist (create it, or fix the URL)"
         if write:
             probe = url / f".write-check-{uuid.uuid4().hex}"
