@@ -198,3 +198,27 @@ def test_dryrun_renders_a_bucket_run_with_secrets_by_reference_only(s3, tmp_path
     assert secret not in proc.stdout + proc.stderr
     assert proc.stdout.count("secretKeyRef") == 4  # 2 variables x 2 pods
     assert "persistentVolumeClaim" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_torchx_run_on_local_cwd_passes_the_check_and_the_job_writes_to_the_bucket(
+        s3, tmp_path, monkeypatch):
+    """The job inherits the submitting environment's credentials and endpoint; none of the
+    secret lands in what the run writes."""
+    secret = "local-secret-value-91b2"  # moto takes any key; this one is traced
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    proc = torchx_cli("run", "-s", "local_cwd", "-cfg", f"log_dir={tmp_path / 'logs'}", DDP,
+                      "-j", "1x1", "--", *TRAIN, "--tensorboard", "false", "--eval-every", "0",
+                      "--output-dir", s3.url("run"), cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = s3.keys("run/")
+    assert {"run/config.json", "run/metrics.jsonl", "run/console.log",
+            "run/summary.json"} <= set(keys), keys
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3.endpoint)
+    for key in keys:
+        if key.endswith((".json", ".jsonl", ".log")):
+            body = client.get_object(Bucket=s3.name, Key=key)["Body"].read()
+            assert secret.encode() not in body, key
+    assert not (tmp_path / "outputs").exists()
