@@ -71,8 +71,9 @@ LAUNCH_ARGS = """\
         rdzv_port: port of the c10d rendezvous on the first node of a multi-node job (0: one
             that is free on the submitting machine, so concurrent jobs do not collide)
         mounts: mounts for the workers, e.g. type=bind,src=/data,dst=/data
-        check_paths: check --data and --output-dir on the submitting machine; turn off when
-            they exist only where the job runs
+        check_paths: check --data and --output-dir on the submitting machine (a bucket when
+            the job is submitted, never for --dryrun); turn off when they exist, or the
+            bucket answers, only where the job runs
         device_memory_gb: GB of one GPU: the job is refused when the memory planner says a rank
             needs more (a GPU job names this or gpu_type; CPU jobs are checked against
             memMB shared by the node's processes)
