@@ -26,6 +26,7 @@ from torchx.specs import macros
 
 from components.checks import check_launch_specs, check_trainer, node_range
 from components.errors import ComponentArgumentError
+from components.schedulers.submit import note_stores
 from trainers.torchfree import trainer_table
 from trainers.torchfree.preemption_signals import parse_signals
 from trainers.torchfree.resources import node_request
@@ -70,8 +71,9 @@ LAUNCH_ARGS = """\
         rdzv_port: port of the c10d rendezvous on the first node of a multi-node job (0: one
             that is free on the submitting machine, so concurrent jobs do not collide)
         mounts: mounts for the workers, e.g. type=bind,src=/data,dst=/data
-        check_paths: check --data and --output-dir on the submitting machine; turn off when
-            they exist only where the job runs
+        check_paths: check --data and --output-dir on the submitting machine (a bucket when
+            the job is submitted, never for --dryrun); turn off when they exist, or the
+            bucket answers, only where the job runs
         device_memory_gb: GB of one GPU: the job is refused when the memory planner says a rank
             needs more (a GPU job names this or gpu_type; CPU jobs are checked against
             memMB shared by the node's processes)
@@ -113,6 +115,9 @@ def trainer_app(
     (0: the per-node defaults of :func:`trainers.torchfree.resources.node_request`) and
     ``gpu``; :func:`check_trainer` checks the trainer's arguments against them.
     ``max_retries`` is both torchrun's in-place restarts and the scheduler's retries.
+    Object-store URLs among the arguments are checked for their scheme here and, with
+    ``check_paths``, reached by the scheduler when it submits
+    (:mod:`components.schedulers.submit`), never for a dry run.
     """
     min_nodes, max_nodes, nproc = node_range(j)
     named = check_launch_specs(h, mounts)
@@ -125,10 +130,13 @@ def trainer_app(
     cfg = check_trainer(trainer, args, nodes=range(min_nodes, max_nodes + 1), nproc=nproc,
                         gpus=gpus, node_mb=resource.memMB, env=env, check_paths=check_paths,
                         device_memory_gb=device_memory_gb, gpu_type=gpu_type)
-    return torchrun_app(trainer_table.trainer(trainer).module, *args, name=trainer, j=j,
-                        image=image, resource=resource, env=env, max_retries=max_retries,
-                        rdzv_port=rdzv_port, mounts=mounts,
-                        signals=parse_signals(cfg.preemption_signals))
+    app = torchrun_app(trainer_table.trainer(trainer).module, *args, name=trainer, j=j,
+                       image=image, resource=resource, env=env, max_retries=max_retries,
+                       rdzv_port=rdzv_port, mounts=mounts,
+                       signals=parse_signals(cfg.preemption_signals))
+    if check_paths:
+        note_stores(app.roles[0], cfg)
+    return app
 
 
 def torchrun_app(module: str, *args: str, j: str, name: str | None = None,

@@ -37,8 +37,10 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # Dependencies first (a layer that survives code changes), all pinned.
-RUN --mount=type=bind,source=images/requirements.txt,target=/tmp/requirements.txt \
-    --mount=type=bind,source=images/wheels,target=/tmp/wheels \
+# Copied, not bind-mounted: podman caches a RUN by its text, so a changed bind-mounted file
+# would not rebuild this layer.
+COPY images/requirements.txt /tmp/requirements.txt
+RUN --mount=type=bind,source=images/wheels,target=/tmp/wheels \
     --mount=type=secret,id=ca_bundle,required=false \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
     && python3 -m venv "$VIRTUAL_ENV" \

@@ -41,6 +41,8 @@ REQUEST_MARKER = "=== SCHEDULER REQUEST ==="
 DEFAULT_GRACE_S = 30
 ENDING_ACTIONS = {"TerminateJob": "Terminated", "AbortJob": "Aborted", "CompleteJob": "Completed"}
 RESTART_ACTIONS = ("RestartJob", "RestartJobSet")
+# The network name that runs pods on the host's network (no network is created).
+HOST_NETWORK = "host"
 
 
 def dryrun_request(dryrun_output: str) -> Any:
@@ -155,14 +157,22 @@ def pod_from_spec(name: str, fqdn: str, spec: dict[str, Any], env: dict[str, str
 
 
 def run_args(engine: str, pod: Pod, network: str, claims: Path,
-             binds: dict[str, Path] | None = None) -> list[str]:
+             binds: dict[str, Path] | None = None, hosts: list[str] | None = None) -> list[str]:
     """The ``<engine> run`` command that starts ``pod`` detached on ``network``.
 
     Claims are the subdirectories of ``claims`` named after them (created by the caller);
-    ``binds`` (container path -> host directory) are added where the pod mounts nothing.
+    ``binds`` (container path -> host directory) are added where the pod mounts nothing. On
+    :data:`HOST_NETWORK` (where pods reach what listens on the host's loopback, such as the
+    tests' S3 server) the names in ``hosts`` resolve to 127.0.0.1 instead of being aliases.
     """
     args = [engine, "run", "-d", "--name", pod.name, "--hostname", pod.name,
-            "--network", network, "--network-alias", pod.fqdn, "--network-alias", pod.name]
+            "--network", network]
+    if network == HOST_NETWORK:  # its own names first: what the loopback's reverse lookup
+        own = [pod.name, pod.fqdn]  # returns, so that each pod's FQDN is its own (torchrun)
+        args += [f"--add-host={host}:127.0.0.1"
+                 for host in [*own, *(h for h in hosts or [] if h not in own)]]
+    else:
+        args += ["--network-alias", pod.fqdn, "--network-alias", pod.name]
     for key, value in pod.env.items():
         args += ["--env", f"{key}={value}"]
     if pod.working_dir:
@@ -298,16 +308,19 @@ def run_pods(engine: str, job_pods: list[Pod], max_retry: int, network: str, cla
     """Run ``job_pods`` (one job's) on a fresh ``network`` under their policies (module
     docstring) until the job ends, failing it once its restarts would reach ``max_retry``;
     ``eviction`` evicts one pod of the first run. Containers and network are removed
-    afterwards. ``claims`` and ``binds`` as in :func:`run_args`; their host directories are made
-    writable for the pods' users."""
+    afterwards; on :data:`HOST_NETWORK` every pod's names resolve to the host's loopback.
+    ``claims`` and ``binds`` as in :func:`run_args`; their host directories are made writable
+    for the pods' users."""
     _prepare(engine, job_pods, claims, binds or {})
     deadline = time.monotonic() + timeout
     result = JobResult(phase="Running")
-    subprocess.run([engine, "network", "create", network], check=True, capture_output=True)
+    hosts = [name for pod in job_pods for name in (pod.name, pod.fqdn)]
+    if network != HOST_NETWORK:
+        subprocess.run([engine, "network", "create", network], check=True, capture_output=True)
     try:
         while True:
             for pod in job_pods:
-                subprocess.run(run_args(engine, pod, network, claims, binds), check=True,
+                subprocess.run(run_args(engine, pod, network, claims, binds, hosts), check=True,
                                capture_output=True, text=True)
             if result.evicted_at is not None and result.restarted_at is None:
                 result.restarted_at = time.monotonic()
@@ -339,4 +352,5 @@ def run_pods(engine: str, job_pods: list[Pod], max_retry: int, network: str, cla
     finally:
         for pod in job_pods:
             subprocess.run([engine, "rm", "-f", pod.name], capture_output=True)
-        subprocess.run([engine, "network", "rm", "-f", network], capture_output=True)
+        if network != HOST_NETWORK:
+            subprocess.run([engine, "network", "rm", "-f", network], capture_output=True)

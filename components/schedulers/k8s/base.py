@@ -27,6 +27,7 @@ from components.schedulers.k8s.preemption import (
 )
 from components.schedulers.k8s.torchx_private import TorchXKubernetesScheduler
 from components.schedulers.run_options import StrictRunOptions
+from components.schedulers.submit import SubmitChecks
 
 LIST = List[str]  # noqa: UP006 (runopts compares option types with typing.List[str])
 
@@ -58,7 +59,7 @@ POD_OPTS: list[tuple[str, Any, CfgVal, str]] = [
 ]
 
 
-class HardenedKubernetesScheduler(StrictRunOptions, TorchXKubernetesScheduler):
+class HardenedKubernetesScheduler(SubmitChecks, StrictRunOptions, TorchXKubernetesScheduler):
     """TorchX's ``KubernetesScheduler`` with strict run options, the pod options, the
     ``validate_spec`` option, a one-line error when the workspace cannot be built, and the API
     server's dry run of the object to submit. ``registered_as`` names the scheduler in errors."""

@@ -208,7 +208,7 @@ class KubernetesJobSetScheduler(HardenedKubernetesScheduler, Scheduler[Mapping[s
                                     plural=PLURAL)
         return AppDryRunInfo(JobSetRequest(namespace, images_to_push, jobset), repr)
 
-    def schedule(self, dryrun_info: AppDryRunInfo[JobSetRequest]) -> str:
+    def schedule_checked(self, dryrun_info: AppDryRunInfo[JobSetRequest]) -> str:
         from kubernetes.client.rest import ApiException
 
         namespace = dryrun_info.request.namespace

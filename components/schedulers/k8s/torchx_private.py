@@ -9,7 +9,8 @@ client: it keeps ``_api_client()`` (the ``ApiClient``), ``_custom_objects_api()`
 private, with these names and meanings in torchx 0.7.0 and on TorchX main (torchx-nightly
 2026.10.26). :class:`TorchXKubernetesScheduler` gives them public names; the other modules
 of the package override only the methods TorchX's Scheduler API defines for implementers
-(``_submit_dryrun``, ``_run_opts``, ``_cancel_existing``, ``schedule``, ``describe``,
+(``_submit_dryrun``, ``_run_opts``, ``_cancel_existing``, ``schedule`` (through
+:class:`~components.schedulers.submit.SubmitChecks`), ``describe``,
 ``log_iter``, ``list``).
 """
 

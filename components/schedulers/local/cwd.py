@@ -32,6 +32,7 @@ from torchx.specs import AppState
 
 from components.schedulers.local.torchx_private import TorchXLocalScheduler
 from components.schedulers.run_options import StrictRunOptions
+from components.schedulers.submit import SubmitChecks
 
 
 def jobs_dir() -> Path:
@@ -84,15 +85,15 @@ class LocalJobs:
         (self.folder / f"{app_id}.json").unlink(missing_ok=True)
 
 
-class LocalCwdScheduler(StrictRunOptions, TorchXLocalScheduler):
+class LocalCwdScheduler(SubmitChecks, StrictRunOptions, TorchXLocalScheduler):
     """TorchX's LocalScheduler with :class:`StrictRunOptions` and jobs visible to other
     processes (:class:`LocalJobs`)."""
 
     registered_as = "local_cwd"
     jobs = LocalJobs()
 
-    def schedule(self, dryrun_info: Any) -> str:
-        app_id = super().schedule(dryrun_info)
+    def schedule_checked(self, dryrun_info: Any) -> str:
+        app_id = super().schedule_checked(dryrun_info)
         self.jobs.record(app_id, self.process_groups(app_id))
         return app_id
 

@@ -27,6 +27,7 @@ from components.containers import reference_error
 from components.errors import ComponentArgumentError
 from components.schedulers.local.torchx_private import TorchXDockerScheduler
 from components.schedulers.run_options import StrictRunOptions
+from components.schedulers.submit import SubmitChecks
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
@@ -47,7 +48,7 @@ def restart_count(containers: Iterable[Mapping[str, Any]]) -> int:
     return max((int(attrs.get("RestartCount") or 0) for attrs in containers), default=0)
 
 
-class DockerScheduler(StrictRunOptions, TorchXDockerScheduler):
+class DockerScheduler(SubmitChecks, StrictRunOptions, TorchXDockerScheduler):
     """TorchX's ``local_docker`` with the image checks described in the module docstring,
     podman's extra container states understood and restarts counted."""
 
@@ -97,11 +98,11 @@ class DockerScheduler(StrictRunOptions, TorchXDockerScheduler):
             self.local_image_id(role.image)
         super()._validate(app, scheduler, *cfg)
 
-    def schedule(self, dryrun_info: AppDryRunInfo[DockerJob]) -> str:
+    def schedule_checked(self, dryrun_info: AppDryRunInfo[DockerJob]) -> str:
         """Run the containers from local image IDs: TorchX pulls anything else first."""
         job = dryrun_info.request
         job.containers = [replace(c, image=self.local_image_id(c.image)) for c in job.containers]
-        return super().schedule(dryrun_info)
+        return super().schedule_checked(dryrun_info)
 
     def container_state(self, container: Container) -> AppState:
         """The state of ``container``, reading podman's own states as Docker's."""

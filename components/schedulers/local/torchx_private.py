@@ -13,8 +13,9 @@ TorchX's local schedulers have no public hook for what this repository's version
 
 These names have these meanings in torchx 0.7.0 and on TorchX main (torchx-nightly
 2026.10.26). The classes here give them public names; the other modules of the package
-override only the methods TorchX's Scheduler API defines for implementers (``schedule``,
-``describe``, ``_validate``, ``_cancel_existing``) and public ones.
+override only the methods TorchX's Scheduler API defines for implementers (``schedule``, through
+:class:`~components.schedulers.submit.SubmitChecks`, ``describe``, ``_validate``,
+``_cancel_existing``) and public ones.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 job script, states and logs (see components/schedulers/slurm/__init__.py).
 
 It overrides the methods TorchX's Scheduler API defines for implementers: ``_run_opts``,
-``_submit_dryrun``, ``schedule``, ``describe``, ``list``, ``log_iter`` and the workspace
-builder's ``build_workspace_and_update_role``.
+``_submit_dryrun``, ``schedule`` (as ``schedule_checked``, after the object-store check of
+:class:`~components.schedulers.submit.SubmitChecks`), ``describe``, ``list``, ``log_iter`` and
+the workspace builder's ``build_workspace_and_update_role``.
 """
 
 from __future__ import annotations
@@ -45,13 +46,14 @@ from components.schedulers.slurm.states import (
     squeue_lines,
 )
 from components.schedulers.slurm.torchx_private import SlurmSchedulerBase, record_job_dir
+from components.schedulers.submit import SubmitChecks
 from components.torchx_compat import replace_cfg
 
 # Role metadata key: the workspace that schedule() snapshots into the role's image (job dir).
 _SNAPSHOT_OF = "torchx_templates/slurm/snapshot_of"
 
 
-class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
+class ExtendedSlurmScheduler(SubmitChecks, StrictRunOptions, SlurmSchedulerBase):
     """TorchX's slurm scheduler with accounts, QoS, per-job directories, a cluster pre-flight
     and cancelled-job states."""
 
@@ -87,7 +89,7 @@ class ExtendedSlurmScheduler(StrictRunOptions, SlurmSchedulerBase):
                               workspace, parent)
         return AppDryRunInfo(request, repr)
 
-    def schedule(self, dryrun_info: AppDryRunInfo[JobRequest]) -> str:
+    def schedule_checked(self, dryrun_info: AppDryRunInfo[JobRequest]) -> str:
         """Make the job's directory (with the workspace snapshot, if any), write the sbatch
         script into it and submit; a refused job leaves no directory behind."""
         req = dryrun_info.request
