@@ -44,7 +44,7 @@ QUICK = {"model": "tiny", "rounds": 1, "timeout_s": 180.0}
 PHASES = {"prepare": (checkpoint_storage, "prepare"),
           "rank_state": (checkpoint_storage, "write_rank_state"), "write": (dcp, "save"),
           "commit": (checkpoint_storage, "commit"), "prune": (checkpoint_storage, "prune"),
-          "load": (dcp, "load")}
+          "load": (dcp, "load"), "os_sync": (os, "sync")}  # DCP's for a stream without fileno
 
 
 @dataclass
@@ -265,8 +265,9 @@ def table(report: dict[str, Any]) -> str:
     summary, ratios = report["summary"]["targets"], report["summary"]["s3_over_disk"]
     rows = [("target", "checkpoint", "sync save", "MiB/s", "resume", "MiB/s",
              "async: held at save", "held at commit", "stall / save", "async cost / save")]
-    phases = [("target", "save: prepare", "DCP write", "commit", "prune", "CPU", "resume: find",
-               "DCP load", "CPU", "held at save: prepare", "step alone", "step with async write")]
+    phases = [("target", "save: prepare", "DCP write", "os.sync", "commit", "prune", "CPU",
+               "resume: find", "DCP load", "CPU", "held at save: prepare", "step alone",
+               "step with async write")]
     for target, row in summary.items():
         rows.append((target, harness.human(row["bytes"]), spread_ms(row["save_s"]),
                      f"{row['save_mib_s']:.0f}", spread_ms(row["resume_s"]),
@@ -274,12 +275,12 @@ def table(report: dict[str, Any]) -> str:
                      spread_ms(row["held_commit_s"]), f"{row['stall_over_save']:.2f}",
                      f"{row['async_cost_over_save']:.2f}"))
         save, held = row["phases"]["save_phases"], row["phases"]["held_save_phases"]
-        phases.append((target, ms(save["prepare"] + save["rank_state"]), ms(save["write"]),
-                       ms(save["commit"]), ms(save["prune"]), ms(row["save_cpu_s"]["median"]),
-                       ms(row["find_s"]["median"]), ms(row["phases"]["load_phases"]["load"]),
-                       ms(row["resume_cpu_s"]["median"]),
-                       ms(held["prepare"] + held["rank_state"]),
-                       ms(row["step_alone_s"]["median"]), ms(row["step_with_write_s"]["median"])))
+        mid = {key: row[key]["median"] for key in TIMES}
+        phases.append((target, *map(ms, (
+            save["prepare"] + save["rank_state"], save["write"], save["os_sync"], save["commit"],
+            save["prune"], mid["save_cpu_s"], mid["find_s"], row["phases"]["load_phases"]["load"],
+            mid["resume_cpu_s"], held["prepare"] + held["rank_state"], mid["step_alone_s"],
+            mid["step_with_write_s"]))))
     return (f"{report['plan']['model']} ({report['parameters'] / 1e6:.1f}M parameters), one "
             f"process (gloo), medians of {report['plan']['rounds']} rounds (min-max)\n"
             + harness.columns(rows) + "\n\nmedians of the phases (prepare: emptying step_<N> "
