@@ -1,11 +1,10 @@
 """Checkpoint save and resume on local disk against an S3 server, and the stall of an
 asynchronous save to each (docs/benchmarks.md, "Checkpoint storage: local disk against S3").
 
-One process (world size 1, gloo) holds a model, its AdamW state, the step and its RNG, and
-saves and resumes them through the trainers' own :class:`trainers.core.checkpoint.Checkpointer`
-into a run directory on the local disk and into ``s3://`` on moto's S3 server
-(``ThreadedMotoServer`` on 127.0.0.1), which this benchmark starts in its own process while the
-measuring process (``--worker``) talks to it over HTTP, as a trainer talks to a bucket.
+One process (``--worker``; world size 1, gloo) saves and resumes a model, its AdamW state, the
+step and its RNG through :class:`trainers.core.checkpoint.Checkpointer` into a directory on the
+local disk and into ``s3://`` on moto's S3 server, which this benchmark's own process serves on
+127.0.0.1 (``ThreadedMotoServer``): HTTP between two processes, as from a trainer to a bucket.
 """
 
 import contextlib
@@ -13,6 +12,7 @@ import json
 import logging
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -20,6 +20,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
@@ -91,16 +92,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def checkpoint_bytes(checkpoint: RunPath) -> int:
-    """Bytes in committed ``checkpoint``: its files, as its manifest lists them, and the
-    manifest."""
+    """Bytes in committed ``checkpoint``: its files (as its manifest lists them) and manifest."""
     text = (checkpoint / MANIFEST).read_text()
     return sum(size for size, _ in json.loads(text)["files"].values()) + len(text.encode())
-
-
-def timed(call: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    value = call()
-    return value, time.perf_counter() - start
 
 
 def cpu_s() -> float:
@@ -113,32 +107,40 @@ def one_round(ckpt: Checkpointer, progress: Progress, clock: Clock, step: int,
               train: Callable[[], float]) -> dict[str, Any]:
     """Checkpoint ``step`` saved synchronously, then resumed (``--resume auto``); then
     ``step + 1`` saved asynchronously with a training step before its commit, as the loop does.
-    Every time is this process's wall time inside the call; ``*_cpu_s`` its CPU time in the
-    synchronous save and in the resume (what is not is waiting: for the disk, or the server)."""
+    ``<name>_s`` is this process's wall time in the call, ``<name>_at`` its start and end
+    (``perf_counter``, the same clock in every process), ``<name>_cpu_s`` its CPU time (in the
+    sync save and the resume: what is not is waiting, for the disk or the server). The resume
+    is find and load; the async stall is held at the save and at the commit; the async cost
+    adds how much longer the training step ran with the write in the background."""
+    out: dict[str, Any] = {}
+
+    def timed(name: str, call: Callable[[], Any]) -> Any:
+        cpu, start = cpu_s(), time.perf_counter()
+        value = call()
+        end = time.perf_counter()
+        out.update({f"{name}_s": end - start, f"{name}_at": [start, end],
+                    f"{name}_cpu_s": cpu_s() - cpu, f"{name}_phases": clock.take()})
+        return value
+
     progress.step = step
     clock.take()
-    cpu = cpu_s()
-    saved, save_s = timed(lambda: ckpt.save(step))
-    save_cpu_s, save_phases, cpu = cpu_s() - cpu, clock.take(), cpu_s()
-    chosen, find_s = timed(lambda: ckpt.choose("auto"))
+    saved = timed("save", lambda: ckpt.save(step))
+    chosen = timed("find", lambda: ckpt.choose("auto"))
     if chosen != saved:
         raise harness.BenchError(f"resume chose {chosen}, not the checkpoint just saved, {saved}")
-    _, load_s = timed(lambda: ckpt.load(chosen))
-    resume_cpu_s, load_phases = cpu_s() - cpu, clock.take()
-    step_alone_s = train()
+    timed("load", lambda: ckpt.load(chosen))
+    out["step_alone_s"] = train()
     progress.step = step + 1
-    _, held_save_s = timed(lambda: ckpt.save(step + 1, asynchronous=True))
-    held_save_phases = clock.take()
-    step_with_write_s = train()
-    committed, held_commit_s = timed(ckpt.commit_pending)
+    timed("held_save", lambda: ckpt.save(step + 1, asynchronous=True))
+    out["step_with_write_s"] = train()
+    timed("held_commit", ckpt.commit_pending)
     ckpt._background.submit(int).result()  # the background prune ends before the next figure
-    return {"save_s": save_s, "save_cpu_s": save_cpu_s, "save_phases": save_phases,
-            "bytes": checkpoint_bytes(saved), "find_s": find_s, "load_s": load_s,
-            "resume_cpu_s": resume_cpu_s, "load_phases": load_phases,
-            "async_bytes": checkpoint_bytes(committed), "held_save_s": held_save_s,
-            "held_save_phases": held_save_phases, "held_commit_s": held_commit_s,
-            "step_alone_s": step_alone_s, "step_with_write_s": step_with_write_s,
-            "async_phases": clock.take()}
+    stall = out["held_save_s"] + out["held_commit_s"]
+    return {**out, "bytes": checkpoint_bytes(saved), "async_phases": clock.take(),
+            "resume_s": out["find_s"] + out["load_s"], "resume_at": [out["find_at"][0],
+                                                                     out["load_at"][1]],
+            "resume_cpu_s": out["find_cpu_s"] + out["load_cpu_s"], "stall_s": stall,
+            "async_cost_s": stall + out["step_with_write_s"] - out["step_alone_s"]}
 
 
 def worker(prefix: str, argv: Sequence[str]) -> None:
@@ -148,10 +150,9 @@ def worker(prefix: str, argv: Sequence[str]) -> None:
     plan, roots = Plan(**json.loads(argv[0])), dict(zip(TARGETS, argv[1:], strict=True))
     torch.set_num_threads(THREADS)
     cfg = parse_config(["--device", "cpu", "--model", plan.model], "ddp", check_paths=False)
-    seq_len = MODEL_SIZES[plan.model].max_seq_len
-    model = build_model(plan.model, seed=0)
+    shape, model = MODEL_SIZES[plan.model], build_model(plan.model, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, MODEL_SIZES[plan.model].vocab_size, (plan.micro_batch, seq_len + 1),
+    tokens = torch.randint(0, shape.vocab_size, (plan.micro_batch, shape.max_seq_len + 1),
                            generator=torch.Generator().manual_seed(0))
     batch = (tokens[:, :-1], tokens[:, 1:])
     train = lambda: train_step(model, optimizer, batch)  # noqa: E731
@@ -175,7 +176,7 @@ def worker(prefix: str, argv: Sequence[str]) -> None:
             for ckpt in ckpts.values():
                 ckpt.close()
     harness.write_rank(prefix, {"rounds": rounds, "parameters": sum(
-        p.numel() for p in model.parameters()), "seq_len": seq_len})
+        p.numel() for p in model.parameters()), "seq_len": shape.max_seq_len})
 
 
 @contextlib.contextmanager
@@ -204,17 +205,9 @@ def spread(values: Sequence[float]) -> dict[str, float]:
             "stdev": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
-def derived(record: dict[str, Any]) -> dict[str, float]:
-    """A round's sums: resume (find and load); the async stall (held at the save and at the
-    commit); and what the async save cost the loop in all (that stall plus how much longer the
-    training step ran while the write went on in the background)."""
-    stall = record["held_save_s"] + record["held_commit_s"]
-    return {"resume_s": record["find_s"] + record["load_s"], "stall_s": stall,
-            "async_cost_s": stall + record["step_with_write_s"] - record["step_alone_s"]}
-
-
-TIMES = ("save_s", "save_cpu_s", "find_s", "load_s", "resume_s", "resume_cpu_s", "held_save_s",
-         "held_commit_s", "stall_s", "async_cost_s", "step_alone_s", "step_with_write_s")
+TIMES = ("save_s", "save_cpu_s", "server_save_cpu_s", "find_s", "load_s", "resume_s",
+         "resume_cpu_s", "server_resume_cpu_s", "held_save_s", "held_commit_s", "stall_s",
+         "async_cost_s", "step_alone_s", "step_with_write_s")
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -222,7 +215,7 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     bytes and the rates; then S3 over disk."""
     out: dict[str, Any] = {}
     for target in TARGETS:
-        mine = [{**r, **derived(r)} for r in rounds if r["target"] == target]
+        mine = [r for r in rounds if r["target"] == target]
         row: dict[str, Any] = {key: spread([r[key] for r in mine]) for key in TIMES}
         row["bytes"] = size = median([r["bytes"] for r in mine])
         row["save_mib_s"] = size / 2**20 / row["save_s"]["median"]
@@ -239,20 +232,41 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return {"targets": out, "s3_over_disk": ratios}
 
 
+@contextlib.contextmanager
+def cpu_samples(every_s: float = 0.01) -> Iterator[list[tuple[float, float]]]:
+    """``(perf_counter, cpu_s())`` of this process every ``every_s`` while the block runs."""
+    samples: list[tuple[float, float]] = [(time.perf_counter(), cpu_s())]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(every_s):
+            samples.append((time.perf_counter(), cpu_s()))
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
+
+
 def run(plan: Plan, scratch: Path) -> dict[str, Any]:
-    with s3_server() as url:
-        start = cpu_s()  # from here on this process only serves S3 (and reads the worker's log)
+    with s3_server() as url, cpu_samples() as samples:
+        # this process now only serves S3 (and reads the worker's log)
         result = harness.run_ranks("bench.checkpoint_storage",
                                    [json.dumps(asdict(plan)), str(scratch / "disk-run"), url], 1,
                                    scratch, "checkpoints", plan.timeout_s)
-        server_cpu_s = cpu_s() - start
     record = result["ranks"][0]
+    times, cpu = zip(*samples, strict=True)
+    for r in record["rounds"]:  # the server's CPU time during the save and during the resume
+        for name in ("save", "resume"):
+            r[f"server_{name}_cpu_s"] = float(numpy.diff(numpy.interp(r[f"{name}_at"], times,
+                                                                      cpu))[0])
     return {"command_worker": result["command"], "world_size": 1, "backend": "gloo",
             "versions": {name: version(name) for name in ("moto", "s3fs", "fsspec", "boto3")},
             "parameters": record["parameters"], "seq_len": record["seq_len"],
-            "server_cpu_s": server_cpu_s, "load_avg_at_end": list(os.getloadavg()),
-            "rounds": record["rounds"],
-            "summary": summarize(record["rounds"])}
+            "server_cpu_s": cpu[-1] - cpu[0], "load_avg_at_end": list(os.getloadavg()),
+            "rounds": record["rounds"], "summary": summarize(record["rounds"])}
 
 
 def table(report: dict[str, Any]) -> str:
@@ -266,8 +280,8 @@ def table(report: dict[str, Any]) -> str:
     rows = [("target", "checkpoint", "sync save", "MiB/s", "resume", "MiB/s",
              "async: held at save", "held at commit", "stall / save", "async cost / save")]
     phases = [("target", "save: prepare", "DCP write", "os.sync", "commit", "prune", "CPU",
-               "resume: find", "DCP load", "CPU", "held at save: prepare", "step alone",
-               "step with async write")]
+               "server CPU", "resume: find", "DCP load", "CPU", "server CPU",
+               "held at save: prepare", "step alone", "step with async write")]
     for target, row in summary.items():
         rows.append((target, harness.human(row["bytes"]), spread_ms(row["save_s"]),
                      f"{row['save_mib_s']:.0f}", spread_ms(row["resume_s"]),
@@ -278,8 +292,9 @@ def table(report: dict[str, Any]) -> str:
         mid = {key: row[key]["median"] for key in TIMES}
         phases.append((target, *map(ms, (
             save["prepare"] + save["rank_state"], save["write"], save["os_sync"], save["commit"],
-            save["prune"], mid["save_cpu_s"], mid["find_s"], row["phases"]["load_phases"]["load"],
-            mid["resume_cpu_s"], held["prepare"] + held["rank_state"], mid["step_alone_s"],
+            save["prune"], mid["save_cpu_s"], mid["server_save_cpu_s"], mid["find_s"],
+            row["phases"]["load_phases"]["load"], mid["resume_cpu_s"], mid["server_resume_cpu_s"],
+            held["prepare"] + held["rank_state"], mid["step_alone_s"],
             mid["step_with_write_s"]))))
     return (f"{report['plan']['model']} ({report['parameters'] / 1e6:.1f}M parameters), one "
             f"process (gloo), medians of {report['plan']['rounds']} rounds (min-max)\n"
@@ -287,9 +302,7 @@ def table(report: dict[str, Any]) -> str:
             "and the rank's RNG file)\n" + harness.columns(phases)
             + f"\n\nS3 / disk: sync save {ratios['save_s']:.2f}, resume {ratios['resume_s']:.2f}, "
             f"async stall {ratios['stall_s']:.2f}, async cost {ratios['async_cost_s']:.2f}; "
-            f"the S3 server's process: {report['server_cpu_s']:.1f} CPU-seconds, "
-            f"{report['server_cpu_s'] / (report['plan']['rounds'] + 1):.2f} per round (each "
-            "writes two checkpoints and reads one)")
+            f"the S3 server's process: {report['server_cpu_s']:.1f} CPU-seconds in all")
 
 
 if __name__ == "__main__":
