@@ -41,7 +41,7 @@ TARGETS = ("disk", "s3")
 REGION = "us-east-1"
 OVERRIDES = {"rounds": 1, "micro_batch": 1}
 QUICK = {"model": "tiny", "rounds": 1, "timeout_s": 180.0}
-# Where a save's and a resume's time goes: the Checkpointer's calls, wrapped by name.
+# Where a save's and a resume's time goes: the Checkpointer's calls, wrapped by name
 PHASES = {"prepare": (checkpoint_storage, "prepare"),
           "rank_state": (checkpoint_storage, "write_rank_state"), "write": (dcp, "save"),
           "commit": (checkpoint_storage, "commit"), "prune": (checkpoint_storage, "prune"),
@@ -183,9 +183,11 @@ def worker(prefix: str, argv: Sequence[str]) -> None:
 def s3_server() -> Iterator[str]:
     """A bucket on moto's S3 server, running in this process on 127.0.0.1; its URL. This
     process's environment (and so the worker's) points at it, as ``AWS_*`` does for a user."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
+    try:
+        import boto3
+        from moto.server import ThreadedMotoServer
+    except ImportError as err:
+        raise harness.BenchError(f"{err.name} is missing: pip install -e '.[dev]'") from None
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
