@@ -157,15 +157,18 @@ class Checkpointer:
             failure = storage.write_failure(err, self.folder)
         maybe_kill(self.kill_at, "upload", self.env.rank, step, self.run_dir)
         checkpoint_id = storage.dcp_checkpoint_id(target)
+        writer = storage.dcp_writer(target)
         try:
             if asynchronous:
                 # Staged synchronously (a CPU copy), so the Future is DCP's upload alone.
                 upload = dcp.async_save(self.state, checkpoint_id=checkpoint_id,
+                                        storage_writer=writer,
                                         process_group=self._checkpoint_group(),
                                         async_checkpointer_type=AsyncCheckpointerType.THREAD,
                                         async_stager=self._staging())
             else:
-                upload = _completed(dcp.save(self.state, checkpoint_id=checkpoint_id))
+                upload = _completed(dcp.save(self.state, checkpoint_id=checkpoint_id,
+                                             storage_writer=writer))
         except storage.WRITE_ERRORS as err:
             return _Write(step, target, None, manifest,
                           failure or storage.write_failure(err, self.folder))

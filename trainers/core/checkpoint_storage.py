@@ -23,6 +23,8 @@ import shutil
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint import StorageWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainers.torchfree.checkpoint_files import (
@@ -54,6 +56,14 @@ def dcp_checkpoint_id(checkpoint: RunPath) -> Any:
     """``checkpoint`` as DCP's ``checkpoint_id``: a ``Path`` picks its file-system writer and
     reader, a URL string its fsspec ones."""
     return str(checkpoint) if is_remote(checkpoint) else checkpoint
+
+
+def dcp_writer(checkpoint: RunPath) -> StorageWriter | None:
+    """DCP's writer for ``checkpoint``: None (DCP picks its file-system writer, which fsyncs
+    every file) on disk; for a URL its fsspec writer without file syncing. An object is durable
+    once its upload completes, and an object-store stream has no file descriptor, so DCP would
+    otherwise fall back to ``os.sync()`` of the whole node, twice per save."""
+    return FsspecWriter(str(checkpoint), sync_files=False) if is_remote(checkpoint) else None
 
 
 def prepare(checkpoint: RunPath) -> None:
