@@ -14,9 +14,10 @@ with one line (:class:`~components.errors.ComponentArgumentError`, naming the sc
 fix) before anything is submitted; then :meth:`SubmitChecks.schedule_checked`, which the
 scheduler classes override instead of ``schedule``, submits.
 
-TorchX keeps the AppDef of a dry-run result in its private ``AppDryRunInfo._app`` (set by
-``Scheduler.submit_dryrun``, the same in torchx 0.7.0 and on TorchX main, where
-``Runner.schedule`` reads it too); :func:`dryrun_app` is the one place that reads it.
+TorchX keeps the AppDef of a dry-run result in ``AppDryRunInfo`` (set by
+``Scheduler.submit_dryrun``): the private ``_app`` in torchx 0.7.0, the public ``app`` on
+TorchX main (where ``Runner.schedule`` reads it too); :func:`dryrun_app` is the one place that
+reads it.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def note_stores(role: Role, cfg: TrainConfig) -> None:
 
 
 def dryrun_app(dryrun_info: AppDryRunInfo[Any]) -> AppDef | None:
-    """The AppDef a dry-run result was made of (None for one not made by ``submit_dryrun``)."""
-    return getattr(dryrun_info, "_app", None)
+    """The AppDef a dry-run result was made of (None for one not made by ``submit_dryrun``):
+    ``app`` on TorchX main, ``_app`` in torchx 0.7.0."""
+    return getattr(dryrun_info, "app", None) or getattr(dryrun_info, "_app", None)
 
 
 def check_app_stores(scheduler: str, app: AppDef | None) -> None:
