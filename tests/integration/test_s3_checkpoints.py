@@ -88,7 +88,7 @@ def test_sigterm_saves_to_the_bucket_and_the_restart_loses_at_most_one_step(s3, 
     """SIGTERM to both workers under torchrun (--max_restarts 1), as a node's drain sends it:
     they save the step they agree on into the bucket and exit 143; the restarted workers resume
     from it and end where an uninterrupted run does."""
-    args = [*without(ARGS, "--steps", "--checkpoint-every"), "--steps", "60",
+    args = [*without(ARGS, "--steps", "--checkpoint-every"), "--steps", "40",
             "--checkpoint-every", "0"]
     long_reference = tmp_path / "long-reference"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
@@ -97,8 +97,8 @@ def test_sigterm_saves_to_the_bucket_and_the_restart_loses_at_most_one_step(s3, 
     proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
-    for line in proc.stdout:  # rank 0's step lines: the run is well under way at step 15
-        if re.match(r"step +15/60 ", line):
+    for line in proc.stdout:  # rank 0's step lines: the run is well under way at step 10
+        if re.match(r"step +10/40 ", line):
             break
     subprocess.run(["pkill", "-TERM", "-f", "-P", str(proc.pid), "trainers.fsdp"], check=False)
     out = proc.communicate(timeout=300)[0]
