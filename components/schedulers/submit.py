@@ -1,18 +1,19 @@
-"""The check every scheduler of this repository makes when it submits a job, and never for a
-dry run: the object stores the job's trainer names are reachable with this environment's
+"""The check every scheduler of this repository makes when it submits a job, and never for a dry
+run: the object stores the job's trainer names are reachable with this environment's
 credentials, the buckets exist and ``--output-dir`` can be written.
 
 A component (:func:`components.launch.trainer_app`) notes the trainer's locations in the role's
 metadata (:func:`note_stores`) when one of them is a URL (``--output-dir``, ``--data``,
-``--tokenizer``, ``--resume``) and ``--check_paths`` is on (off: only the job's nodes can reach
-the store); it checks only their schemes itself, so ``torchx run --dryrun`` renders without the
-bucket. :class:`SubmitChecks` is a base of every scheduler class registered
-in pyproject.toml; its ``schedule`` is where TorchX's Python runner (``Runner.schedule``, so
-``torchx run`` and ``Runner.run_component``) and ``Scheduler.submit`` hand a dry-run result over
-to be submitted. It runs :func:`trainers.torchfree.config_checks.check_stores` first and refuses
-with one line (:class:`~components.errors.ComponentArgumentError`, naming the scheduler and the
-fix) before anything is submitted; then :meth:`SubmitChecks.schedule_checked`, which the
-scheduler classes override instead of ``schedule``, submits.
+``--tokenizer``, ``--resume``, an ``hf:s3://`` ``--model``) and ``--check_paths`` is on (off:
+only the job's nodes can reach the store); it checks only their schemes itself, so ``torchx run
+--dryrun`` renders without the bucket. :class:`SubmitChecks` is a base of every scheduler class
+registered in pyproject.toml; its ``schedule`` is where TorchX's Python runner
+(``Runner.schedule``, so ``torchx run`` and ``Runner.run_component``) and ``Scheduler.submit``
+hand a dry-run result over to be submitted. It runs
+:func:`trainers.torchfree.config_checks.check_stores` first and refuses with one line
+(:class:`~components.errors.ComponentArgumentError`, naming the scheduler and the fix) before
+anything is submitted; then :meth:`SubmitChecks.schedule_checked`, which the scheduler classes
+override instead of ``schedule``, submits.
 
 TorchX keeps the AppDef of a dry-run result in ``AppDryRunInfo`` (set by
 ``Scheduler.submit_dryrun``): the private ``_app`` in torchx 0.7.0, the public ``app`` on
@@ -30,20 +31,21 @@ from torchx.specs import AppDef, Role
 from components.errors import ComponentArgumentError
 from trainers.torchfree.config_checks import check_stores
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.model_names import in_store
 from trainers.torchfree.storage import is_url
 from trainers.torchfree.train_config import TrainConfig
 
 # Role metadata key: the trainer's locations ({field: value}) when one of them is a URL.
 STORES = "torchx_templates/stores"
-# The TrainConfig fields that name a location the run reads or writes.
-LOCATIONS = ("output_dir", "data", "tokenizer", "resume")
+# The TrainConfig fields that name a location the run reads or writes (the model: hf:DIR).
+LOCATIONS = ("output_dir", "data", "tokenizer", "resume", "model")
 
 
 def note_stores(role: Role, cfg: TrainConfig) -> None:
-    """Note ``cfg``'s locations in ``role``'s metadata when one of them is on an object store,
-    for :class:`SubmitChecks` to check at submit."""
+    """Note ``cfg``'s locations in ``role``'s metadata when one of them is on an object store
+    (an ``hf:s3://`` model too), for :class:`SubmitChecks` to check at submit."""
     fields = {name: getattr(cfg, name) for name in LOCATIONS}
-    if any(is_url(value) for value in fields.values()):
+    if any(is_url(fields[name]) for name in LOCATIONS[:-1]) or in_store(cfg.model):
         role.metadata[STORES] = fields
 
 

@@ -222,3 +222,21 @@ def test_torchx_run_on_local_cwd_passes_the_check_and_the_job_writes_to_the_buck
             body = client.get_object(Bucket=s3.name, Key=key)["Body"].read()
             assert secret.encode() not in body, key
     assert not (tmp_path / "outputs").exists()
+
+
+def test_an_hf_model_in_a_missing_bucket_is_refused_at_submit(s3, tmp_path):
+    model = f"hf:s3://{MISSING}/tiny-llama"
+    app = ddp("--model", model, "--steps", "2", "--batch-size", "4", "--output-dir",
+              str(tmp_path / "run"), j="1x1")
+    scheduler = _factory("local_cwd")("test")
+    with pytest.raises(ComponentArgumentError) as refused:
+        scheduler.schedule(scheduler.submit_dryrun(app, {}))
+    assert str(refused.value) == (f"local_cwd: --model {model}: bucket {MISSING} "
+                                  "does not exist (create it, or fix the URL)" + REFUSED)
+
+
+def test_local_paths_beside_a_bucket_are_still_checked_by_the_component(tmp_path):
+    """The component leaves the bucket to the submit, not the local --output-dir beside it."""
+    with pytest.raises(ComponentArgumentError, match="/proc cannot be written"):
+        ddp("--data", f"s3://{MISSING}/data/*.txt", "--output-dir", "/proc/run", *TRAIN,
+            j="1x1")

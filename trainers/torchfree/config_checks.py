@@ -22,7 +22,14 @@ from trainers.torchfree.model_names import HF_PREFIX, in_store
 from trainers.torchfree.paths import unwritable_reason
 from trainers.torchfree.preemption_signals import parse_signals
 from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
-from trainers.torchfree.storage import RunPath, check_store, is_remote, is_url, location
+from trainers.torchfree.storage import (
+    RunPath,
+    check_store,
+    is_remote,
+    is_url,
+    location,
+    store_reason,
+)
 from trainers.torchfree.trainer_table import serving, trainer
 
 if TYPE_CHECKING:
@@ -152,23 +159,30 @@ def check_stores(cfg: TrainConfig) -> None:
         if value and value not in ("auto", "none") and is_url(value):
             check_store(location(value, flag), flag, write=False)
     if in_store(cfg.model):
-        check_store(location(cfg.model[len(HF_PREFIX):], "--model"), "--model", write=False)
+        reason = store_reason(location(cfg.model[len(HF_PREFIX):], "--model"), write=False)
+        if reason is not None:
+            raise ConfigError(f"--model {cfg.model}: {reason}")
 
 
 def check_paths(cfg: TrainConfig, shape: ModelConfig, reach_stores: bool = True) -> None:
     """The output directory can be written, the data fits the model, and ``--resume`` names a
-    checkpoint of this model (or ``none`` finds none to overwrite), on this machine; for object
-    stores (``s3://``) only with ``reach_stores`` (:func:`check_stores`), else just their
-    scheme."""
-    remote = check_locations(cfg)
-    if remote and not reach_stores:
-        return
-    if remote:
+    checkpoint of this model (or ``none`` finds none to overwrite), on this machine. Object
+    stores (``s3://``) are reached only with ``reach_stores`` (:func:`check_stores`); without
+    it every check that would read one is left to the submit (their schemes are still
+    checked), and the checks of local paths run as ever."""
+    if check_locations(cfg) and reach_stores:
         check_stores(cfg)
+
+    def readable(*values: str) -> bool:
+        return reach_stores or not any(is_url(value) for value in values)
+
     output = location(cfg.output_dir)
     if not is_remote(output):
         _check_writable(output)
-    check_data(cfg, shape.vocab_size)
+    if readable(cfg.data, cfg.tokenizer, cfg.output_dir):  # a text cache is in --output-dir
+        check_data(cfg, shape.vocab_size)
+    if not readable(cfg.output_dir if cfg.resume in ("auto", "none") else cfg.resume):
+        return
     if cfg.resume == "none":
         if find_checkpoints(output / "checkpoints"):
             raise ConfigError(f"--resume none, but {cfg.output_dir} already holds checkpoints; "

@@ -103,11 +103,10 @@ def write_bytes_atomic(path: RunPath, data: bytes) -> None:
     """Write ``data`` as file ``path`` so that a reader sees the old file or the whole new one,
     never part: on disk through a scratch file, ``fsync`` and rename; on an object store one PUT
     (objects appear whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     if is_remote(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
