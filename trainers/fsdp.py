@@ -13,15 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.strategy import Strategy
-from trainers.models import ModelSpec, materialize
-from trainers.parallel.compile import apply_block_options
-from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
+from trainers.models import ModelSpec
+from trainers.parallel.fsdp import ShardedStrategy
+from trainers.parallel.parallelize import parallelize
 from trainers.torchfree.train_config import TrainConfig
 
 
@@ -29,11 +28,7 @@ def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:
     """The model sharded with FSDP2 over a 1-D mesh of every rank."""
     mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
     model = spec.meta_model()
-    apply_block_options(model, spec, cfg)
-    apply_fsdp(model, spec, mesh, cfg.reshard_after_forward, cfg.dtype == "bf16",
-               cfg.cpu_offload)
-    # Offloaded shards live in CPU memory, where FSDP's CPUOffloadPolicy expects them.
-    materialize(model, torch.device("cpu") if cfg.cpu_offload else env.device, cfg.seed, spec)
+    parallelize(model, spec, cfg, env.device, dp_mesh=mesh)
     return ShardedStrategy(model, dp_rank=env.rank, dp_size=env.world_size)
 
 

@@ -16,10 +16,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.strategy import Strategy
-from trainers.models import ModelSpec, materialize
-from trainers.parallel.compile import apply_block_options
-from trainers.parallel.fsdp import ShardedStrategy, apply_fsdp
-from trainers.parallel.tensor_parallel import apply_tensor_parallel
+from trainers.models import ModelSpec
+from trainers.parallel.fsdp import ShardedStrategy
+from trainers.parallel.parallelize import parallelize
 from trainers.torchfree.train_config import TrainConfig
 
 
@@ -29,12 +28,8 @@ def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:
     dp = cfg.dp_size(env.world_size)
     mesh = init_device_mesh(env.device.type, (dp, cfg.tp), mesh_dim_names=("dp", "tp"))
     model = spec.meta_model()
-    apply_tensor_parallel(model, spec, mesh["tp"], cfg.sequence_parallel)
-    apply_block_options(model, spec, cfg)
-    if dp > 1:
-        apply_fsdp(model, spec, mesh["dp"], cfg.reshard_after_forward, cfg.dtype == "bf16",
-                   cfg.cpu_offload)
-    materialize(model, env.device, cfg.seed, spec)
+    parallelize(model, spec, cfg, env.device, tp_mesh=mesh["tp"],
+                dp_mesh=mesh["dp"] if dp > 1 else None)
     if dp == 1:
         return Strategy(model, dp_rank=0, dp_size=1)
     return ShardedStrategy(model, dp_rank=mesh["dp"].get_local_rank(), dp_size=dp,

@@ -104,11 +104,11 @@ ROWS = [
         "be saved on it; pass catchable signals such as SIGTERM,SIGUSR1",
         trainer=("--preemption-signals", "KILL")),
     Row("option-of-another-trainer", "local_cwd", "ddp",
-        "trainers.ddp: --cpu-offload is not served by trainers.ddp; use trainers.fsdp or drop "
-        "--cpu-offload", trainer=("--cpu-offload",)),
+        "trainers.ddp: --cpu-offload is not served by trainers.ddp; use trainers.fsdp or "
+        "trainers.pipeline or drop --cpu-offload", trainer=("--cpu-offload",)),
     Row("option-of-another-trainer-slurm", "slurm", "fsdp",
         "trainers.fsdp: --tp is not served by trainers.fsdp; use trainers.tensor_parallel or "
-        "drop --tp", j="2x1", trainer=("--tp", "2")),
+        "trainers.pipeline or drop --tp", j="2x1", trainer=("--tp", "2")),
     Row("unknown-trainer-option", "local_cwd", "fsdp",
         "trainers.fsdp: unrecognized arguments: --learning-rate 0.1; pass only options that "
         "`python -m trainers.fsdp --help` lists", trainer=("--learning-rate", "0.1")),

@@ -104,8 +104,8 @@ ARGUMENTS = [
      "trainers.ddp: --batch-size 15 is not divisible by --grad-accum 1 x data-parallel size 2; "
      "pass a multiple of 2"),
     ("slurm", ["-j", "1x2", *TINY, "--cpu-offload"],
-     "trainers.ddp: --cpu-offload is not served by trainers.ddp; use trainers.fsdp or drop "
-     "--cpu-offload"),
+     "trainers.ddp: --cpu-offload is not served by trainers.ddp; use trainers.fsdp or "
+     "trainers.pipeline or drop --cpu-offload"),
     ("local_cwd", ["-j", "1x2", "--gpu", "2", *TINY],
      "trainers.ddp: --gpu 2: name the GPUs so the job is checked to fit before it is scheduled; "
      "pass --gpu_type (one of"),

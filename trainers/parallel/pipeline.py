@@ -1,16 +1,19 @@
 """Pipeline parallelism: the model split into stages and driven by a
-``torch.distributed.pipelining`` schedule.
+``torch.distributed.pipelining`` schedule, composed with tensor parallelism and FSDP2.
 
 The spec's blocks are split into ``pp x virtual-stages`` stages (its ``first`` modules, the
 embeddings, go with the first, its ``last``, the final norm and head, with the last), each rank
-running ``--virtual-stages`` of them. With ``dp`` > 1 several pipelines train on shards of the
-batch and average their gradients. A weight shared by the first and the last stage (a tied
-embedding and head) is kept as a copy on each, and its gradients are summed after backward, so
-the result is the single-process model's.
+running ``--virtual-stages`` of them. On a (pp, dp, tp) mesh each stage is parallelized as the
+2-D trainer parallelizes a whole model (:func:`trainers.parallel.parallelize.parallelize`):
+tensor parallel over ``tp``, FSDP2 over ``dp``, whose reduce-scatter the schedule issues per
+stage once that stage's last backward is done. A weight shared by the first and the last stage
+(a tied embedding and head) is kept as a copy on each, and its gradients are summed after
+backward, so the result is the single-process model's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -26,6 +30,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
 )
+from torch.distributed.tensor import DTensor
 
 from trainers.core.data import Batch
 from trainers.core.loss import cross_entropy
@@ -100,7 +105,10 @@ def _parameter(part: nn.Module, name: str) -> nn.Parameter | None:
 
 
 class PipelineStrategy(Strategy):
-    """This rank's stages of every pipeline replica, driven by one schedule per step."""
+    """This rank's stages of every pipeline replica, driven by one schedule per step.
+
+    ``parts`` are this rank's stage modules, already parallelized; when they are FSDP modules
+    (dp > 1) FSDP reduces their gradients and applies ``--dtype bf16`` itself."""
 
     def __init__(self, parts: list[nn.Module], spec: ModelSpec, indices: list[int],
                  cfg: TrainConfig, mesh: DeviceMesh, device: torch.device) -> None:
@@ -130,8 +138,13 @@ class PipelineStrategy(Strategy):
                      if (p := _parameter(part, name)) is not None] if pp > 1 else []
         self.tied_copies = {id(p) for name in shared if self.holds_last
                             and (p := _parameter(self.parts[-1], name)) is not None}
+        self.sharded = isinstance(parts[0], FSDPModule)
         super().__init__(_union(self.parts, spec), dp_rank=dp_mesh.get_local_rank(),
                          dp_size=dp_mesh.size(), dp_group=dp_mesh.get_group())
+
+    def autocast(self, dtype: str, device: torch.device) -> contextlib.AbstractContextManager:
+        """No autocast on FSDP stages: FSDP's MixedPrecisionPolicy casts parameters for bf16."""
+        return contextlib.nullcontext() if self.sharded else super().autocast(dtype, device)
 
     def forward_backward(self, micro_batches: Sequence[Batch], autocast) -> torch.Tensor:
         """One schedule step over the whole local batch (its micro-batches concatenated)."""
@@ -174,19 +187,13 @@ class PipelineStrategy(Strategy):
         return loss
 
     def _sync_gradients(self) -> None:
-        """Sum the tied embedding/head gradient over its two stages; average over replicas."""
+        """Sum the tied embedding/head gradient over its two stages (FSDP has already averaged
+        each over the replicas; the two copies are sharded alike, so their shards add up)."""
         if self.tied_group is not None:
             for weight in self.tied:
-                dist.all_reduce(weight.grad, group=self.tied_group)
-        if self.dp_size > 1:
-            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            flat = torch.cat([g.flatten() for g in grads])
-            dist.all_reduce(flat, group=self.dp_group)
-            flat /= self.dp_size
-            offset = 0
-            for grad in grads:
-                grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-                offset += grad.numel()
+                grad = weight.grad
+                dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad,
+                                group=self.tied_group)
 
     def norm_grads(self) -> list[torch.Tensor]:
         return [p.grad for p in self.model.parameters()

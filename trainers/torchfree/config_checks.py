@@ -123,7 +123,8 @@ def check_job(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
                                   f"pass a {flag} that divides the number of ranks")
         dp = cfg.dp_size(world)
         if dp * cfg.tp * cfg.pp != world:
-            model = f"--tp {cfg.tp}" if cfg.pp == 1 else f"--pp {cfg.pp}"
+            model = " x ".join(f"{flag} {n}" for flag, n in (("--pp", cfg.pp), ("--tp", cfg.tp))
+                               if n > 1 or flag == "--tp" and cfg.pp == 1)
             raise ConfigError(f"--dp {cfg.dp} x {model} != world size {world}; pass "
                               f"--dp {world // (cfg.tp * cfg.pp)} or --dp 0")
         if cfg.batch_size % (cfg.grad_accum * dp):

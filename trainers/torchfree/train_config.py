@@ -81,6 +81,9 @@ class TrainConfig:
     tp: int = _opt(1, "tensor-parallel degree: ranks that split each block's matmuls")
     dp: int = _opt(0, "data-parallel degree (0: world size / (tp x pp)); dp x tp x pp must "
                    "equal the world size")
+    allow_cross_node_tp: bool = _opt(False, "let a tensor-parallel group span nodes (--tp not "
+                                     "dividing the processes per node): for fabrics as fast "
+                                     "between nodes as inside one")
     sequence_parallel: bool = _opt(False, "shard norms and the residual stream along the sequence "
                                    "between tensor-parallel regions")
     reshard_after_forward: bool = _opt(True, "FSDP: free gathered parameters after forward "

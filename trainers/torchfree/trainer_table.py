@@ -99,9 +99,10 @@ def _tensor_parallel_split(cfg: TrainConfig, world: int) -> Split:
 
 def _pipeline_split(cfg: TrainConfig, world: int) -> Split:
     dp = cfg.dp_size(world)
+    sharding = _fsdp_sharding(cfg) if dp > 1 else "ddp"  # FSDP only across several pipelines
     in_flight = cfg.microbatches if cfg.schedule == "gpipe" else min(cfg.microbatches, cfg.pp)
-    return Split(Layout("ddp", dp=dp, pp=cfg.pp), cfg.micro_batch(dp) // cfg.microbatches,
-                 cfg.microbatches, in_flight)
+    return Split(Layout(sharding, dp=dp, tp=cfg.tp, pp=cfg.pp),
+                 cfg.micro_batch(dp) // cfg.microbatches, cfg.microbatches, in_flight)
 
 
 def _model_parallel_split(cfg: TrainConfig, world: int) -> Split:
@@ -133,6 +134,18 @@ def check_tensor_parallel(cfg: TrainConfig, world: int, shape: ModelConfig | Non
                               f"({size}); pass a --tp that divides {size}")
 
 
+def check_tensor_parallel_placement(cfg: TrainConfig, nproc_per_node: int, gpus: int) -> None:
+    """One process per GPU, and every tensor-parallel group inside one node (the mesh puts tp
+    innermost, so ``--tp`` must divide the processes per node) unless
+    ``--allow-cross-node-tp``."""
+    check_one_process_per_gpu(cfg, nproc_per_node, gpus)
+    if nproc_per_node % cfg.tp and not cfg.allow_cross_node_tp:
+        raise ConfigError(f"--tp {cfg.tp} does not divide the {nproc_per_node} processes per "
+                          f"node, so a tensor-parallel group would span nodes; pass a --tp that "
+                          f"divides {nproc_per_node} (PP and DP span nodes), or "
+                          "--allow-cross-node-tp if your fabric between nodes is as fast")
+
+
 def check_stages(cfg: TrainConfig, shape: ModelConfig | None, trainer: str) -> None:
     """A model that can be split into stages (pipeline) or spread over devices."""
     if shape is not None and not shape.pipeline:
@@ -142,8 +155,10 @@ def check_stages(cfg: TrainConfig, shape: ModelConfig | None, trainer: str) -> N
 
 
 def check_pipeline(cfg: TrainConfig, world: int, shape: ModelConfig | None) -> None:
-    """Degrees, schedule and micro-batches that torch.distributed.pipelining can run."""
+    """Degrees, schedule and micro-batches that torch.distributed.pipelining can run, and a
+    tensor-parallel degree the model's stages split by."""
     check_stages(cfg, shape, "pipeline")
+    check_tensor_parallel(cfg, world, shape)
     if cfg.pp < 2:
         raise ConfigError(f"--pp {cfg.pp}: a pipeline needs 2 or more stages ranks; pass --pp 2 "
                           "or more, or use trainers.ddp")
@@ -220,15 +235,21 @@ TRAINERS: dict[str, Trainer] = {t.name: t for t in (
             "across groups",
             "Use it when one block's matmuls are too large or slow for one device, inside a "
             "node with fast links (NVLink); --tp divides the heads and the width.",
-            options=frozenset({"tp", "dp", "sequence_parallel", "reshard_after_forward"}),
-            split=_tensor_parallel_split, check=check_tensor_parallel, sharded=True),
-    Trainer("pipeline", "pipeline parallel (torch.distributed.pipelining) over --pp ranks, data "
-            "parallel over pipelines",
+            options=frozenset({"tp", "dp", "sequence_parallel", "reshard_after_forward",
+                               "allow_cross_node_tp"}),
+            split=_tensor_parallel_split, check=check_tensor_parallel,
+            check_placement=check_tensor_parallel_placement, sharded=True),
+    Trainer("pipeline", "pipeline parallel (torch.distributed.pipelining) over --pp ranks, "
+            "tensor parallel inside --tp, FSDP2 across pipelines: 3-D",
             "Use it across nodes with slow links when the model does not fit a node: stages "
-            "exchange only activations; --microbatches hides the bubble.",
+            "exchange only activations; --microbatches hides the bubble. Add --tp inside a "
+            "node when a stage's blocks are too large or slow for one device.",
             options=frozenset({"dp", "pp", "virtual_stages", "schedule", "microbatches",
-                               "record_timeline"}),
-            split=_pipeline_split, check=check_pipeline, accumulate_flag="--microbatches"),
+                               "record_timeline", "tp", "sequence_parallel",
+                               "reshard_after_forward", "cpu_offload", "allow_cross_node_tp"}),
+            split=_pipeline_split, check=check_pipeline,
+            check_placement=check_tensor_parallel_placement, sharded=True,
+            accumulate_flag="--microbatches"),
     Trainer("model_parallel", "naive model parallel: one process spreads the blocks over "
             "--devices, DDP across processes",
             "Use it to spread a model too large for one GPU over a node's GPUs without "
