@@ -2,7 +2,7 @@
 
 Per-step losses over 10 steps within 1e-4 relative of the same run eager (1e-3 in bf16, whose
 rounding the compiled kernels place differently), under DDP in bf16, FSDP2 (on the llama
-family), and tensor parallelism with activation checkpointing; the
+family), and pipeline stages that are tensor parallel with activation checkpointing; the
 summary reports the compile time apart from the step time; parameter names, hence
 checkpoints, are those of the eager model.
 """
@@ -26,21 +26,22 @@ BF16 = ["--batch-size", "4", "--dtype", "bf16"]  # small: bf16 is slow on CPUs w
 # The shapes of `python -m bench.gpu --quick` (tests/integration/test_bench_gpu.py), whose
 # compiled run then finds this one's kernels in inductor's cache.
 LLAMA = ["--model", "llama-tiny", "--batch-size", "4"]
-CASES = {"ddp-bf16": ("trainers.ddp", BF16),
-         "fsdp-llama": ("trainers.fsdp", LLAMA),
-         "tp-ac": ("trainers.tensor_parallel", [*FP32, "--tp", "2", "--activation-checkpointing"])}
+PP_TP = [*FP32, "--pp", "2", "--tp", "2", "--microbatches", "2", "--activation-checkpointing"]
+CASES = {"ddp-bf16": ("trainers.ddp", 2, BF16),
+         "fsdp-llama": ("trainers.fsdp", 2, LLAMA),
+         "pp-x-tp-ac": ("trainers.pipeline", 4, PP_TP)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_compiled_run_matches_eager(tmp_path, case):
-    """Two ranks each: DDP's wrapper, FSDP's hooks and TP's DTensors around compiled blocks,
-    against the same run eager."""
-    module, flags = CASES[case]
-    run_trainer([*STEPS, *flags, "--output-dir", str(tmp_path / "eager")], nproc=2,
+    """DDP's wrapper, FSDP's hooks, and TP's DTensors inside pipeline stages around compiled
+    blocks, against the same run eager."""
+    module, nproc, flags = CASES[case]
+    run_trainer([*STEPS, *flags, "--output-dir", str(tmp_path / "eager")], nproc=nproc,
                 module=module)
     proc = run_trainer([*STEPS, *flags, "--compile", "--output-dir", str(tmp_path / "compiled")],
-                       nproc=2, module=module)
+                       nproc=nproc, module=module)
     # Inductor fuses bf16 ops and keeps intermediates in fp32 where eager autocast rounds each
     # op's output to bf16 (8 bits of mantissa): the runs differ by bf16 rounding (1.7e-4 at
     # step 17 measured in CI), not by a mistake, which would show as O(1e-2) at once.

@@ -345,6 +345,6 @@ def test_help_shows_the_trainers_own_options_once_each(name):
 
 
 def test_an_option_hidden_from_help_is_refused_naming_its_trainer(tmp_path):
-    with pytest.raises(ConfigError, match="--tp is not served by trainers.ddp; use "
-                                          "trainers.tensor_parallel or trainers.pipeline or drop --tp"):
+    with pytest.raises(ConfigError, match="--tp is not served by trainers.ddp; use trainers."
+                                          "tensor_parallel or trainers.pipeline or drop --tp"):
         parse("--tp", "2", tmp=tmp_path)

@@ -1,8 +1,10 @@
-"""Pipeline and model parallelism compute the single-process training.
+"""Pipeline (alone and 3-D) and model parallelism compute the single-process training.
 
 Under torchrun + gloo, fp32: every schedule's per-step losses within 1e-5 relative of one
-process; the naive model-parallel run exactly equal; resume reproduces the losses; the
-recorded timeline has a forward and a backward per micro-batch and stage.
+process, on 2 ranks and as 3-D (pp2 x dp2 x tp2 with ZeRO-3 or ZeRO-2 on 8 ranks; pp2 x tp2);
+a 3-D checkpoint resumes at another layout (pp2 x tp2, and the fsdp trainer) with the
+uninterrupted run's losses, and sample and export read it; the naive model-parallel run exactly
+equal; the recorded timeline has a forward and a backward per micro-batch and stage.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import pytest
 
 from tests.support.runs import TINY, assert_close, losses, run_trainer
+from trainers import export, sample
 
 pytestmark = pytest.mark.slow
 
@@ -20,32 +23,53 @@ BATCH = [*TINY, "--batch-size", "16"]
 
 @pytest.mark.parametrize("schedule, extra", [
     ("gpipe", []),
-    ("1f1b", []),
-    ("interleaved1f1b", ["--virtual-stages", "2"]),
     ("zerobubble", ["--virtual-stages", "2"]),
 ])
 def test_schedules_match_one_process(tmp_path, single_process, schedule, extra):
+    """The schedules the 3-D runs below do not take, on one pipeline of 2 ranks."""
     run_trainer([*BATCH, "--pp", "2", "--schedule", schedule, "--microbatches", "4", *extra,
                  "--output-dir", str(tmp_path)], nproc=2, module="trainers.pipeline")
     assert_close(losses(tmp_path), single_process)
 
 
-def test_pipeline_with_data_parallel_replicas(tmp_path, single_process):
-    run_trainer([*BATCH, "--pp", "2", "--dp", "2", "--microbatches", "2",
-                 "--activation-checkpointing", "--output-dir", str(tmp_path)], nproc=4,
+THREE_D = ["--pp", "2", "--tp", "2", "--microbatches", "4"]
+
+
+@pytest.mark.parametrize("nproc, extra", [
+    (8, ["--schedule", "1f1b"]),
+    (8, ["--schedule", "interleaved1f1b", "--virtual-stages", "2",
+         "--reshard-after-forward", "false", "--activation-checkpointing"]),
+    (4, ["--schedule", "1f1b", "--sequence-parallel"]),
+], ids=["pp2-dp2-tp2-1f1b-zero3", "pp2-dp2-tp2-interleaved-zero2-ac", "pp2-tp2-sp"])
+def test_three_dimensional_runs_match_one_process(tmp_path, single_process, nproc, extra):
+    """Tensor parallel inside each stage, FSDP2 across the pipelines (dp = 8 / 4 = 2; 1 at 4
+    ranks): the single-process losses."""
+    run_trainer([*BATCH, *THREE_D, *extra, "--output-dir", str(tmp_path)], nproc=nproc,
                 module="trainers.pipeline")
     assert_close(losses(tmp_path), single_process)
 
 
-def test_pipeline_resumes_from_its_checkpoint(tmp_path):
-    common = [*BATCH, "--pp", "2", "--checkpoint-every", "4", "--train-samples", "48"]
-    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    run_trainer([*common, "--output-dir", str(whole)], nproc=2, module="trainers.pipeline")
-    proc = run_trainer([*common, "--output-dir", str(resumed), "--resume",
-                        str(whole / "checkpoints" / "step_00000004")], nproc=2,
-                       module="trainers.pipeline")
-    assert "at step 4" in proc.stdout
-    assert_close(losses(resumed), {s: v for s, v in losses(whole).items() if s > 4})
+def test_three_dimensional_checkpoint_resumes_at_other_layouts(tmp_path, capsys):
+    """Saved at pp2 x dp2 x tp2 (ZeRO-3), resumed at pp2 x tp2 x dp1 and by the fsdp trainer
+    on 2 ranks through DCP's resharding: the uninterrupted run's losses; sample and export
+    read the checkpoint."""
+    common = [*BATCH, "--checkpoint-every", "4", "--train-samples", "48"]
+    whole = tmp_path / "whole"
+    run_trainer([*common, *THREE_D, "--output-dir", str(whole)], nproc=8,
+                module="trainers.pipeline")
+    step_4 = str(whole / "checkpoints" / "step_00000004")
+    after = {s: v for s, v in losses(whole).items() if s > 4}
+    for name, module, nproc, layout in (("pp2-tp2", "trainers.pipeline", 4, THREE_D),
+                                        ("fsdp", "trainers.fsdp", 2, [])):
+        resumed = tmp_path / name
+        proc = run_trainer([*common, *layout, "--output-dir", str(resumed), "--resume", step_4],
+                           nproc=nproc, module=module)
+        assert "at step 4" in proc.stdout
+        assert_close(losses(resumed), after)
+    sample.main([str(whole), "--prompt", "ab", "--tokens", "4", "--temperature", "0"])
+    assert len(capsys.readouterr().out.removesuffix("\n")) >= 2
+    export.main([str(whole), str(tmp_path / "exported")])
+    assert (tmp_path / "exported" / "model.safetensors").is_file()
 
 
 def test_timeline_records_every_micro_batch(tmp_path, single_process):
