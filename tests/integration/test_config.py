@@ -147,6 +147,35 @@ def parse_for(trainer: str, *args: str, world: int, tmp: Path):
                         world_sizes=[world])
 
 
+def test_three_dimensional_degrees(tmp_path):
+    """pp x dp x tp = world; a stage's tp must split the model like the 2-D trainer's."""
+    cfg = parse_for("pipeline", "--pp", "2", "--tp", "2", "--batch-size", "8",
+                    "--microbatches", "2", world=8, tmp=tmp_path)
+    assert cfg.dp_size(8) == 2 and cfg.micro_batch(2) == 4
+    with pytest.raises(ConfigError, match=r"--dp 3 x --pp 2 x --tp 2 != world size 8; pass "
+                                          r"--dp 2"):
+        parse_for("pipeline", "--pp", "2", "--tp", "2", "--dp", "3", world=8, tmp=tmp_path)
+    with pytest.raises(ConfigError, match=r"--tp 8 does not divide the tiny model's heads"):
+        parse_for("pipeline", "--pp", "2", "--tp", "8", world=16, tmp=tmp_path)
+
+
+@pytest.mark.parametrize("extra, refused", [([], True), (["--allow-cross-node-tp"], False)])
+def test_a_rank_refuses_a_tensor_parallel_group_across_nodes(tmp_path, monkeypatch, extra,
+                                                             refused):
+    """Under torchrun on 4 nodes of 2 processes, --tp 4 would put a group on two nodes."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    args = ["--output-dir", str(tmp_path / "run"), "--pp", "2", "--tp", "4", "--batch-size",
+            "8", "--microbatches", "2", *extra]
+    if not refused:
+        assert parse_config(args, "pipeline").tp == 4
+        return
+    with pytest.raises(ConfigError, match="--tp 4 does not divide the 2 processes per node, so "
+                                          "a tensor-parallel group would span nodes; pass a --tp "
+                                          "that divides 2 .* or --allow-cross-node-tp"):
+        parse_config(args, "pipeline")
+
+
 def test_tensor_parallel_degrees(tmp_path):
     cfg = parse_for("tensor_parallel", "--tp", "2", "--batch-size", "8", world=4, tmp=tmp_path)
     assert cfg.dp_size(4) == 2 and cfg.micro_batch(2) == 4

@@ -27,7 +27,11 @@ from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.model_names import model_shape
 from trainers.torchfree.shapes import ModelConfig
 from trainers.torchfree.train_config import TrainConfig
-from trainers.torchfree.trainer_table import serving, trainer
+from trainers.torchfree.trainer_table import (
+    check_tensor_parallel_inside_node,
+    serving,
+    trainer,
+)
 
 
 def _str2bool(value: str) -> bool:
@@ -135,13 +139,19 @@ def parse_config(argv: Sequence[str] | None, name: str,
     trainers, e.g. ``fsdp``).
 
     ``world_sizes`` lists the numbers of ranks the job may run at (a component passes every
-    size its node range allows); by default it is this process's ``WORLD_SIZE``.
+    size its node range allows); by default it is this process's ``WORLD_SIZE``, and a
+    tensor-parallel group is checked to stay inside this node (``LOCAL_WORLD_SIZE``).
     """
     namespace = build_parser(name).parse_args(list(sys.argv[1:] if argv is None else argv))
     cfg = TrainConfig(**vars(namespace))
-    if world_sizes is None:
-        world_sizes = [int(os.environ.get("WORLD_SIZE", "1"))]
-    return validate(cfg, world_sizes, name, check_paths, reach_stores)
+    if world_sizes is not None:
+        return validate(cfg, world_sizes, name, check_paths, reach_stores)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    resolved = validate(cfg, [world], name, check_paths, reach_stores)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if per_node < world and "tp" in trainer(name).options:
+        check_tensor_parallel_inside_node(resolved, per_node)
+    return resolved
 
 
 @contextlib.contextmanager

@@ -134,16 +134,20 @@ def check_tensor_parallel(cfg: TrainConfig, world: int, shape: ModelConfig | Non
                               f"({size}); pass a --tp that divides {size}")
 
 
-def check_tensor_parallel_placement(cfg: TrainConfig, nproc_per_node: int, gpus: int) -> None:
-    """One process per GPU, and every tensor-parallel group inside one node (the mesh puts tp
-    innermost, so ``--tp`` must divide the processes per node) unless
-    ``--allow-cross-node-tp``."""
-    check_one_process_per_gpu(cfg, nproc_per_node, gpus)
+def check_tensor_parallel_inside_node(cfg: TrainConfig, nproc_per_node: int) -> None:
+    """Every tensor-parallel group inside one node: the meshes put tp innermost, so ``--tp``
+    must divide the processes per node, unless ``--allow-cross-node-tp``."""
     if nproc_per_node % cfg.tp and not cfg.allow_cross_node_tp:
         raise ConfigError(f"--tp {cfg.tp} does not divide the {nproc_per_node} processes per "
                           f"node, so a tensor-parallel group would span nodes; pass a --tp that "
                           f"divides {nproc_per_node} (PP and DP span nodes), or "
                           "--allow-cross-node-tp if your fabric between nodes is as fast")
+
+
+def check_tensor_parallel_placement(cfg: TrainConfig, nproc_per_node: int, gpus: int) -> None:
+    """One process per GPU, and every tensor-parallel group inside one node."""
+    check_one_process_per_gpu(cfg, nproc_per_node, gpus)
+    check_tensor_parallel_inside_node(cfg, nproc_per_node)
 
 
 def check_stages(cfg: TrainConfig, shape: ModelConfig | None, trainer: str) -> None:
