@@ -157,6 +157,9 @@ def test_three_dimensional_degrees(tmp_path):
         parse_for("pipeline", "--pp", "2", "--tp", "2", "--dp", "3", world=8, tmp=tmp_path)
     with pytest.raises(ConfigError, match=r"--tp 8 does not divide the tiny model's heads"):
         parse_for("pipeline", "--pp", "2", "--tp", "8", world=16, tmp=tmp_path)
+    with pytest.raises(ConfigError, match=r"--pp 2 x --tp 8 = 16 does not divide the world "
+                                          r"size 8; pick degrees whose product divides"):
+        parse_for("pipeline", "--pp", "2", "--tp", "8", world=8, tmp=tmp_path)
 
 
 @pytest.mark.parametrize("extra, refused", [([], True), (["--allow-cross-node-tp"], False)])

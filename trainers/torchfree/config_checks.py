@@ -121,6 +121,10 @@ def check_job(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
             if world % degree:
                 raise ConfigError(f"{flag} {degree} does not divide the world size {world}; "
                                   f"pass a {flag} that divides the number of ranks")
+        if world % (cfg.tp * cfg.pp):
+            raise ConfigError(f"--pp {cfg.pp} x --tp {cfg.tp} = {cfg.pp * cfg.tp} does not divide "
+                              f"the world size {world}; pick degrees whose product divides the "
+                              "number of ranks")
         dp = cfg.dp_size(world)
         if dp * cfg.tp * cfg.pp != world:
             model = " x ".join(f"{flag} {n}" for flag, n in (("--pp", cfg.pp), ("--tp", cfg.tp))
