@@ -95,6 +95,18 @@ ROWS = [
         "trainers.pipeline: each pipeline's batch of 6 sequences does not split into "
         "--microbatches 4; pass a divisor of it", j="2x1",
         trainer=("--pp", "2", "--batch-size", "6")),
+    # a tensor-parallel group across nodes: --tp must divide the processes per node
+    *[Row(f"pipeline-tp-across-nodes-{scheduler}", scheduler, "pipeline",
+          "trainers.pipeline: --tp 4 does not divide the 2 processes per node, so a "
+          "tensor-parallel group would span nodes; pass a --tp that divides 2 (PP and DP span "
+          "nodes), or --allow-cross-node-tp if your fabric between nodes is as fast", j="4x2",
+          cfg=cfg, trainer=("--model", "tiny", "--pp", "2", "--tp", "4"))
+      for scheduler, cfg in (("local_cwd", ""), ("kubernetes", "queue=q"))],
+    Row("tensor-parallel-tp-across-nodes-slurm", "slurm", "tensor_parallel",
+        "trainers.tensor_parallel: --tp 4 does not divide the 2 processes per node, so a "
+        "tensor-parallel group would span nodes; pass a --tp that divides 2 (PP and DP span "
+        "nodes), or --allow-cross-node-tp if your fabric between nodes is as fast", j="2x2",
+        trainer=("--model", "tiny", "--tp", "4")),
     Row("preemption-signal-unknown", "local_cwd", "ddp",
         "trainers.ddp: --preemption-signals SIGTERM,SIGUSR3: SIGUSR3 is not a signal; pass names "
         "such as SIGTERM,SIGUSR1 (see `kill -l`), or none",

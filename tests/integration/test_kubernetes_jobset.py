@@ -25,6 +25,7 @@ from tests.integration.test_kubernetes_render import (
     SHM_CASES,
     SHM_OF_PROCESSES,
     TRAINER_ARGS,
+    case_args,
     shm_size_limits,
 )
 from tests.support.k8s import REPO, dryrun_args, jobset_pods, render, validate_core
@@ -46,7 +47,7 @@ def _render(component, j, cfg="", options=()):
 
 def render_case(component: str, j: str) -> dict:
     """The JobSet of one of :data:`CASES`."""
-    return _render(component, j)
+    return render(component, j, case_args(component, j), scheduler=JOBSET)
 
 
 def render_pod_options_and_max_retries() -> dict:

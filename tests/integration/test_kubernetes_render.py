@@ -11,7 +11,7 @@ import pytest
 
 from components.schedulers.k8s.pod import HOME_DIR, OUTPUTS_DIR, USER_ID
 from components.schedulers.k8s.preemption import DEFAULT_TERMINATION_GRACE_S
-from tests.support.k8s import pod_of, render, validate_core
+from tests.support.k8s import jobset_pods, pod_of, render, validate_core
 
 TRAINER_ARGS = {
     "ddp": ["--model", "tiny"],
@@ -22,9 +22,13 @@ TRAINER_ARGS = {
 }
 # (size, nodes, min nodes): single node, multi-node, elastic. model_parallel: one process a node.
 SIZES = [("1x{p}", 1, 1), ("2x{p}", 2, 2), ("1:2x{p}", 2, 1)]
-CASES = [pytest.param(c, size.format(p=1 if c == "model_parallel" else 2), nodes, min_nodes,
-                      id=f"{c}-{size.format(p='M')}")
-         for c in TRAINER_ARGS for size, nodes, min_nodes in SIZES]
+# 3-D: the pipeline's two stages across the two nodes, tensor-parallel pairs inside each, dp 2.
+THREE_D = ("pipeline", "2x4")
+THREE_D_ARGS = ["--model", "tiny", "--pp", "2", "--tp", "2"]
+CASES = [*(pytest.param(c, size.format(p=1 if c == "model_parallel" else 2), nodes, min_nodes,
+                        id=f"{c}-{size.format(p='M')}")
+           for c in TRAINER_ARGS for size, nodes, min_nodes in SIZES),
+         pytest.param(*THREE_D, 2, 2, id="pipeline-3d-2x4")]
 POD_OPTIONS_CFG = (
     "node_selector=node.kubernetes.io/instance-type:m5.2xlarge;pool:train,"
     "tolerations=nvidia.com/gpu:NoSchedule;dedicated:training:NoExecute,"
@@ -41,12 +45,17 @@ SHM_CASES = [
     pytest.param("1x8", GPU8, "shm_size=3Gi", "3Gi", id="explicit"),
 ]
 # /dev/shm of each component's pods in :data:`CASES` (.torchxconfig sets no shm_size)
-SHM_OF_PROCESSES = {1: "1536Mi", 2: "2Gi"}
+SHM_OF_PROCESSES = {1: "1536Mi", 2: "2Gi", 4: "3Gi"}
+
+
+def case_args(component: str, j: str) -> list[str]:
+    """The trainer arguments of one of :data:`CASES`."""
+    return THREE_D_ARGS if (component, j) == THREE_D else TRAINER_ARGS[component]
 
 
 def render_case(component: str, j: str) -> dict:
     """The Volcano Job of one of :data:`CASES`."""
-    return render(component, j, TRAINER_ARGS[component])
+    return render(component, j, case_args(component, j))
 
 
 def render_pod_options() -> dict:
@@ -151,6 +160,22 @@ def test_every_replica_rendezvous_at_the_first_task(component, j, nodes, min_nod
     for container, endpoint in zip(containers[1:], endpoints[1:], strict=True):
         assert endpoint == f"${{{svc_env}:=localhost}}:{port}"
         assert "TORCHX_RANK0_HOST" not in {e["name"] for e in container["env"]}
+
+
+@pytest.mark.parametrize("scheduler", ["kubernetes", "kubernetes_jobset"])
+def test_3d_pipeline_renders_a_pod_of_4_processes_per_node(scheduler):
+    """-j 2x4 -- --pp 2 --tp 2 (:data:`THREE_D`) as a Volcano Job and as a JobSet: two pods,
+    each running torchrun with 4 processes (one stage of 2 tensor-parallel pairs, as the mesh
+    places ranks: tests/system/test_slurm_3d.py) and the 3-D trainer arguments."""
+    job = render(*THREE_D, THREE_D_ARGS, scheduler=scheduler)
+    pods = ([pod_of(job, task) for task in job["spec"]["tasks"]] if scheduler == "kubernetes"
+            else jobset_pods(job))
+    assert len(pods) == 2
+    for pod in pods:
+        validate_core(pod)
+        command = pod["spec"]["containers"][0]["command"][-1]
+        assert " --nnodes 2 --nproc_per_node 4 " in command
+        assert " -m trainers.pipeline --model tiny --pp 2 --tp 2 " in command
 
 
 def test_pod_options_are_rendered():
