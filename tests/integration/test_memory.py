@@ -84,6 +84,32 @@ def test_two_rank_steps_match_the_formulas(name="llama-tiny"):
             raise AssertionError(f"{record['case']}, rank {record['rank']}: {err}") from None
 
 
+# 3-D on 8 ranks (pp 2 x dp 2 x tp 2): ZeRO-3 over dp in bf16, and dp 1 (two independent
+# pipelines of pp 2 x tp 2) in fp32; activation checkpointing, as the planner prices pipelines.
+PIPELINE_CASES = ["zero3:bf16", "ddp:fp32"]
+
+
+@pytest.mark.slow
+def test_3d_pipeline_stages_match_the_formulas(name="llama-tiny"):
+    """Each stage of a pipeline x tensor x FSDP layout: the last stage (output side, the
+    heaviest, what the planner prices) and the first (no output side) each within 10%."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "8",
+           "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
+           "-m", "tests.support.workers.pipeline_memory", name, *PIPELINE_CASES]
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(records) == 8 * len(PIPELINE_CASES)
+    assert {r["stage"] for r in records} == {"first", "last"}
+    for record in records:
+        try:
+            assert_within(record["measured"], record["predicted"])
+        except AssertionError as err:
+            raise AssertionError(f"{record['case']}, rank {record['rank']} ({record['stage']} "
+                                 f"stage): {err}") from None
+
+
 def test_sharding_divides_the_states():
     shape = MODEL_SIZES["1b"]
     ddp, zero1, zero2, zero3 = (predict(shape, 1, 2048, "bf16", False, Layout(s, dp=8))

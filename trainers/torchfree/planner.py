@@ -116,27 +116,33 @@ def candidates(shape: ModelConfig, seq: int, global_batch: int, devices_per_node
     for sharding in ("zero2", "zero3"):
         for checkpointing in (False, True):
             steps.append(("fsdp", sharding, 1, 1, checkpointing))
+    # TP inside a node: its degree divides the devices per node (and the heads and width).
     tps = [t for t in _divisors(devices_per_node)
            if t > 1 and all(size % t == 0 for _, size in tensor_parallel_sizes(shape))]
     for tp in tps:
         steps.append(("tensor_parallel", "zero3", tp, 1, True))
+    # PP across nodes: its stages are whole nodes; FSDP (ZeRO-2, then ZeRO-3) over the
+    # pipelines, TP inside each stage (3-D).
     pps = [p for p in _divisors(nodes) if p > 1 and shape.n_layers % p == 0]
     for pp in pps:
         for tp in [1, *tps]:
-            steps.append(("pipeline", "ddp", tp, pp, True))
+            for sharding in ("zero2", "zero3"):
+                steps.append(("pipeline", sharding, tp, pp, True))
+    seen = set()
     for trainer, sharding, tp, pp, checkpointing in steps:
         dp = world // (tp * pp)
-        if global_batch % dp:
+        sharding = sharding if dp > 1 else "ddp"  # one replica shards nothing
+        if global_batch % dp or (trainer, sharding, tp, pp, checkpointing) in seen:
             continue
+        seen.add((trainer, sharding, tp, pp, checkpointing))
         per_replica = global_batch // dp
         for micro in sorted(_divisors(per_replica), reverse=True):
             accum = per_replica // micro
-            layout = Layout(sharding if dp > 1 or sharding == "ddp" else "ddp", dp=dp, tp=tp,
-                            pp=pp)
+            layout = Layout(sharding, dp=dp, tp=tp, pp=pp)
             if not TRAINERS[trainer].options >= layout_options(layout).keys():
-                continue  # the trainer does not serve this layout (e.g. pipeline with --tp)
+                continue  # a layout the trainer does not serve
             if trainer == "pipeline":
-                # 1F1B: the first stage holds up to pp micro-batches of size micro/accum.
+                # 1F1B: --microbatches >= pp, and the first stage holds pp of them at once.
                 if accum < pp:
                     continue
                 yield _candidate(trainer, layout, shape, seq, dtype, checkpointing, micro, accum,
