@@ -189,8 +189,9 @@ def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: 
     Besides its ``1/pp`` of the blocks a rank holds their input (the embedding output, or
     the activation a pipeline stage receives; with activation checkpointing the first block
     holds it) and, on the output side (without a pipeline, or its last stage;
-    ``output_side`` False: a pipeline's other stages), the final norm's input and output (with the head weight's cast under autocast; an RMSNorm's normalized input too)
-    and statistics and the fp32 log-probabilities of the loss (batch x seq x vocab x 4).
+    ``output_side`` False: a pipeline's other stages), the final norm's input and output
+    (with the head weight's cast under autocast; an RMSNorm's normalized input too) and
+    statistics and the fp32 log-probabilities of the loss (batch x seq x vocab x 4).
     With activation checkpointing each block keeps only its input; backward recomputes one
     block at a time (:func:`block_activation_bytes` more, briefly).
     """
