@@ -144,6 +144,21 @@ def test_the_1b_table_comes_from_the_formulas():
     assert table in out.stdout
 
 
+def test_the_3d_table_prices_the_heaviest_stage():
+    """``trainers.memory --tp --pp``: ZeRO over devices / (tp x pp) pipelines, and ZeRO-3
+    holds one end of the model whole, not both."""
+    shape = MODEL_SIZES["llama-8b"]
+    table = anatomy_table(shape, 1, 8192, "bf16", True, 16, tp=2, pp=2)
+    zero3 = predict(shape, 1, 8192, "bf16", True, Layout("zero3", dp=4, tp=2, pp=2))
+    assert table.splitlines()[-1].split()[-1] == f"{zero3.total / 2**30:.2f}"
+    assert zero3.gathered == (shape.vocab_size * shape.d_model + shape.d_model) * 2  # bf16
+    out = subprocess.run([sys.executable, "-m", "trainers.memory", "--model", "llama-8b",
+                          "--seq-len", "8192", "--devices", "16", "--tp", "2", "--pp", "2",
+                          "--activation-checkpointing"],
+                         capture_output=True, text=True, check=True, cwd=REPO)
+    assert table in out.stdout
+
+
 def test_unknown_sharding_is_refused():
     with pytest.raises(ValueError, match="unknown sharding 'zero4'"):
         Layout("zero4")

@@ -235,12 +235,17 @@ def _gib(value: int) -> str:
 
 
 def anatomy_table(shape: ModelConfig, micro_batch: int, seq: int, dtype: str,
-                  checkpointing: bool, devices: int) -> str:
-    """Per-rank GiB of every category under DDP and ZeRO-1/2/3 over ``devices`` ranks."""
+                  checkpointing: bool, devices: int, tp: int = 1, pp: int = 1) -> str:
+    """Per-rank GiB of every category under DDP and ZeRO-1/2/3 over the ``devices / (tp x
+    pp)`` data-parallel ranks of ``devices`` (a pipeline's: its heaviest stage's)."""
+    dp = devices // (tp * pp)
+    degrees = "".join(f", {name} {value}" for name, value in (("tp", tp), ("pp", pp))
+                      if value > 1)
     lines = [f"{'sharding':8} {'params':>8} {'grads':>8} {'AdamW':>8} {'activ.':>8} "
-             f"{'gathered':>8} {'total':>8}   (GiB per rank, {devices} ranks)"]
+             f"{'gathered':>8} {'total':>8}   (GiB per rank, {devices} ranks{degrees})"]
     for sharding in SHARDINGS:
-        a = predict(shape, micro_batch, seq, dtype, checkpointing, Layout(sharding, dp=devices))
+        a = predict(shape, micro_batch, seq, dtype, checkpointing,
+                    Layout(sharding, dp=dp, tp=tp, pp=pp))
         lines.append(f"{sharding:8} {_gib(a.params)} {_gib(a.grads)} {_gib(a.optimizer)} "
                      f"{_gib(a.activations)} {_gib(a.gathered)} {_gib(a.total)}")
     return "\n".join(lines)
