@@ -1,7 +1,9 @@
 """Memory anatomy per rank: ``python -m trainers.memory --model 1b --devices 8``.
 
 Prints parameters, gradients, AdamW state, activations and gathered parameters per rank
-under DDP and ZeRO-1/2/3, as :mod:`trainers.torchfree.memory_formulas` predicts them.
+under DDP and ZeRO-1/2/3, as :mod:`trainers.torchfree.memory_formulas` predicts them; with
+``--tp`` and ``--pp`` those of a 3-D layout's heaviest stage (``--devices 16 --tp 2 --pp 2``:
+ZeRO over 4 pipelines).
 """
 
 from __future__ import annotations
@@ -19,14 +21,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=int, default=0, help="0: the model's context")
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
     parser.add_argument("--activation-checkpointing", action="store_true")
-    parser.add_argument("--devices", type=int, default=8, help="data-parallel ranks")
+    parser.add_argument("--devices", type=int, default=8,
+                        help="ranks: data parallel x --tp x --pp")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (the heaviest shown)")
     with exit_on_config_error("trainers.memory"):
         args = parser.parse_args(argv)
-        for flag in ("micro_batch", "devices"):
+        for flag in ("micro_batch", "devices", "tp", "pp"):
             if getattr(args, flag) < 1:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
                                   f"{getattr(args, flag)}; pass a positive one")
+        if args.devices % (args.tp * args.pp):
+            raise ConfigError(f"--tp {args.tp} x --pp {args.pp} does not divide --devices "
+                              f"{args.devices}; pass degrees whose product divides it")
         shape = model_shape(args.model)
+        if shape.n_layers % args.pp:
+            raise ConfigError(f"--pp {args.pp} does not divide the {args.model} model's "
+                              f"{shape.n_layers} blocks; pass a --pp that divides them")
         seq = args.seq_len or shape.max_seq_len
         if not 0 < seq <= shape.max_seq_len:
             raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}; pass "
@@ -35,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.micro_batch} x {seq} tokens, {args.dtype}"
           + (", activation checkpointing" if args.activation_checkpointing else ""))
     print(anatomy_table(shape, args.micro_batch, seq, args.dtype, args.activation_checkpointing,
-                        args.devices))
+                        args.devices, args.tp, args.pp))
 
 if __name__ == "__main__":
     main()

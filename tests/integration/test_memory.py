@@ -84,6 +84,32 @@ def test_two_rank_steps_match_the_formulas(name="llama-tiny"):
             raise AssertionError(f"{record['case']}, rank {record['rank']}: {err}") from None
 
 
+# 3-D on 8 ranks (pp 2 x dp 2 x tp 2): ZeRO-3 over dp in bf16, and dp 1 (two independent
+# pipelines of pp 2 x tp 2) in fp32; activation checkpointing, as the planner prices pipelines.
+PIPELINE_CASES = ["zero3:bf16", "ddp:fp32"]
+
+
+@pytest.mark.slow
+def test_3d_pipeline_stages_match_the_formulas(name="llama-tiny"):
+    """Each stage of a pipeline x tensor x FSDP layout: the last stage (output side, the
+    heaviest, what the planner prices) and the first (no output side) each within 10%."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "8",
+           "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
+           "-m", "tests.support.workers.pipeline_memory", name, *PIPELINE_CASES]
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(records) == 8 * len(PIPELINE_CASES)
+    assert {r["stage"] for r in records} == {"first", "last"}
+    for record in records:
+        try:
+            assert_within(record["measured"], record["predicted"])
+        except AssertionError as err:
+            raise AssertionError(f"{record['case']}, rank {record['rank']} ({record['stage']} "
+                                 f"stage): {err}") from None
+
+
 def test_sharding_divides_the_states():
     shape = MODEL_SIZES["1b"]
     ddp, zero1, zero2, zero3 = (predict(shape, 1, 2048, "bf16", False, Layout(s, dp=8))
@@ -115,6 +141,21 @@ def test_the_1b_table_comes_from_the_formulas():
     assert lines[-1].split()[-1] == f"{zero3.total / 2**30:.2f}"
     out = subprocess.run([sys.executable, "-m", "trainers.memory", "--model", "1b", "--devices",
                           "8"], capture_output=True, text=True, check=True, cwd=REPO)
+    assert table in out.stdout
+
+
+def test_the_3d_table_prices_the_heaviest_stage():
+    """``trainers.memory --tp --pp``: ZeRO over devices / (tp x pp) pipelines, and ZeRO-3
+    holds one end of the model whole, not both."""
+    shape = MODEL_SIZES["llama-8b"]
+    table = anatomy_table(shape, 1, 8192, "bf16", True, 16, tp=2, pp=2)
+    zero3 = predict(shape, 1, 8192, "bf16", True, Layout("zero3", dp=4, tp=2, pp=2))
+    assert table.splitlines()[-1].split()[-1] == f"{zero3.total / 2**30:.2f}"
+    assert zero3.gathered == (shape.vocab_size * shape.d_model + shape.d_model) * 2  # bf16
+    out = subprocess.run([sys.executable, "-m", "trainers.memory", "--model", "llama-8b",
+                          "--seq-len", "8192", "--devices", "16", "--tp", "2", "--pp", "2",
+                          "--activation-checkpointing"],
+                         capture_output=True, text=True, check=True, cwd=REPO)
     assert table in out.stdout
 
 

@@ -16,6 +16,7 @@ from components.pipeline import pipeline
 from tests.support.runs import REPO, child_env, torchx_cli
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.memory_formulas import activation_bytes
 from trainers.torchfree.planner import GIB, job_candidate, recommend
 from trainers.torchfree.shapes import MODEL_SIZES
 
@@ -55,7 +56,24 @@ def test_gpipe_holds_more_micro_batches_than_1f1b():
 
     gpipe, one_f_one_b = job("gpipe"), job("1f1b")
     assert (gpipe.in_flight, one_f_one_b.in_flight) == (8, 2)  # all m vs pp micro-batches
-    assert gpipe.peak_bytes - one_f_one_b.peak_bytes == 6 * gpipe.anatomy.activations
+    # GPipe's last stage holds all 8 with the output side; 1F1B's first stage holds 2
+    # without it, its last stage 1 with it.
+    seq = parse_config(["--model", "small"], "ddp", world_sizes=[1], check_paths=False).seq_len
+    last = gpipe.anatomy.activations
+    first = activation_bytes(MODEL_SIZES["small"], gpipe.micro_batch, seq, "fp32", False,
+                             pp=2, output_side=False)
+    assert first < last
+    assert gpipe.peak_bytes - one_f_one_b.peak_bytes == 8 * last - max(2 * first, last)
+
+
+def test_3d_when_nothing_simpler_fits():
+    """llama-8b at 8k tokens on 2 nodes of 8 x 20 GiB, a global batch of 8: FSDP cannot split
+    8 sequences over 16 ranks, tensor parallelism alone does not fit, a pipeline of pp 2 x dp
+    8 leaves each replica one sequence, fewer than the 2 micro-batches 1F1B needs."""
+    best = recommend(MODEL_SIZES["llama-8b"], 8192, 8, 8, 2, 20 * GIB, "bf16", "cuda")
+    assert (best.trainer, best.layout.sharding) == ("pipeline", "zero3")
+    assert best.layout.tp > 1 and best.layout.dp > 1 and best.layout.pp == 2
+    assert 8 % best.layout.tp == 0  # TP inside a node
 
 
 def _plan(*args: str) -> str:
@@ -79,6 +97,8 @@ PLANS = [
     ("--model", "llama-8b", "--nodes", "2", "--devices-per-node", "4", "--gpu-type", "h100",
      "--global-batch", "32", "--seq-len", "4096"),
     ("--model", "7b", "--nodes", "2", "--device-memory-gb", "24", "--global-batch", "8"),  # tp
+    ("--model", "llama-8b", "--nodes", "2", "--device-memory-gb", "20", "--global-batch", "8",
+     "--seq-len", "8192"),  # pipeline x tp x fsdp
     ("--model", "small", "--device", "cpu", "--devices-per-node", "2", "--device-memory-gb",
      "2", "--global-batch", "16"),
 ]
@@ -103,6 +123,7 @@ def assert_planner_commands_accepted(scheduler: str) -> None:
         assert "=== SCHEDULER REQUEST ===" in proc.stdout
     assert trainers >= {"components/ddp.py:ddp", "components/fsdp.py:fsdp"}
     assert "components/tensor_parallel.py:tensor_parallel" in trainers
+    assert "components/pipeline.py:pipeline" in trainers
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,5 +1,6 @@
 """Every configuration the planner can recommend is one its trainer serves: the flags it
-prints parse and validate with that trainer's own parser at the job's world size."""
+prints parse and validate with that trainer's own parser at the job's world size, its TP
+inside a node and its PP across whole nodes; 3-D layouts are among them."""
 
 from __future__ import annotations
 
@@ -30,5 +31,11 @@ def test_every_candidate_is_accepted_by_its_trainers_parser(model):
             except Exception as err:
                 pytest.fail(f"{candidate.describe()} at {nodes}x{per_node}: trainers."
                             f"{candidate.trainer} {' '.join(argv)} is refused: {err}")
-            seen.add((candidate.trainer, candidate.layout.tp > 1, candidate.layout.pp > 1))
-    assert {trainer for trainer, _, _ in seen} >= {"ddp", "fsdp", "tensor_parallel"}
+            # TP inside a node, PP across nodes (whole nodes per stage).
+            assert per_node % candidate.layout.tp == 0, candidate.describe()
+            assert nodes % candidate.layout.pp == 0, candidate.describe()
+            seen.add((candidate.trainer, candidate.layout.tp > 1, candidate.layout.pp > 1,
+                      candidate.layout.dp > 1 and candidate.layout.sharding))
+    assert {trainer for trainer, *_ in seen} >= {"ddp", "fsdp", "tensor_parallel"}
+    if shape.pipeline and shape.n_layers % 2 == 0:  # 3-D: pipeline x TP x FSDP (ZeRO-2, -3)
+        assert {("pipeline", True, True, s) for s in ("zero2", "zero3")} <= seen

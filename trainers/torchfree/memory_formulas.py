@@ -64,24 +64,28 @@ class Layout:
             raise ValueError(f"unknown sharding {self.sharding!r}; use one of {SHARDINGS}")
 
 
+def _outside_blocks(shape: ModelConfig, pp: int) -> tuple[int, int]:
+    """(parameters, parameter tensors) outside the blocks on the heaviest pipeline stage: all
+    of them without a pipeline; else the first stage's embeddings or the last stage's final
+    norm and head (with a copy of a tied head), whichever is larger. Under ZeRO-3 these stay
+    whole from forward to backward (FSDP's root)."""
+    gpt = shape.family == "gpt"
+    embeddings, first_tensors = shape.embedding_params(), 2 if gpt else 1
+    output, last_tensors = shape.output_params(), (2 if gpt else 1) + (0 if shape.tied else 1)
+    if pp == 1:
+        return embeddings + output, first_tensors + last_tensors
+    tied_copy = shape.vocab_size * shape.d_model if shape.tied else 0
+    return max((embeddings, first_tensors),
+               (output + tied_copy, last_tensors + (1 if shape.tied else 0)))
+
+
 def _split_params(shape: ModelConfig, tp: int, pp: int) -> tuple[int, int]:
     """(parameters, parameter tensors) held by the heaviest pipeline stage of one TP rank."""
     layers = shape.n_layers // pp
-    # Matmuls split by tp, norms whole.
+    # Matmuls split by tp, norms whole; everything outside the blocks whole.
     block = shape.block_matmul_params() // tp + shape.block_norm_params()
-    blocks, tensors = layers * block, layers * shape.block_tensors()
-    embeddings, output = shape.embedding_params(), shape.output_params()
-    # Tensors outside the blocks: the embeddings, the final norm's, an untied head.
-    first_tensors = 2 if shape.family == "gpt" else 1
-    last_tensors = (2 if shape.family == "gpt" else 1) + (0 if shape.tied else 1)
-    if pp == 1:
-        return embeddings + blocks + output, tensors + first_tensors + last_tensors
-    first = embeddings + blocks
-    # The last stage holds a copy of a tied head.
-    last = blocks + output + (shape.vocab_size * shape.d_model if shape.tied else 0)
-    if first >= last:
-        return first, tensors + first_tensors
-    return last, tensors + last_tensors + (1 if shape.tied else 0)
+    outside, outside_tensors = _outside_blocks(shape, pp)
+    return layers * block + outside, layers * shape.block_tensors() + outside_tensors
 
 
 def state_bytes(shape: ModelConfig, layout: Layout) -> tuple[int, int, int]:
@@ -101,7 +105,7 @@ def gathered_bytes(shape: ModelConfig, layout: Layout, dtype: str) -> int:
     if layout.sharding == "zero2":
         return _split_params(shape, layout.tp, layout.pp)[0] * width
     if layout.sharding == "zero3":
-        return (shape.embedding_params() + shape.output_params()) * width
+        return _outside_blocks(shape, layout.pp)[0] * width
     return 0
 
 
@@ -178,15 +182,18 @@ def attention_score_bytes(shape: ModelConfig, micro_batch: int, seq: int, tp: in
 
 
 def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: str,
-                     checkpointing: bool, tp: int = 1, pp: int = 1) -> int:
+                     checkpointing: bool, tp: int = 1, pp: int = 1,
+                     output_side: bool = True) -> int:
     """Bytes held for backward at the end of forward by one rank, per micro-batch in flight.
 
-    The model adds its embedding output, the final norm's output (with the head weight's cast
-    under autocast; an RMSNorm's normalized input too) and statistics and the fp32
-    log-probabilities of the loss
-    (batch x seq x vocab x 4) on the stages that hold them. With activation checkpointing each
-    block keeps only its input; backward recomputes one block at a time
-    (:func:`block_activation_bytes` more, briefly).
+    Besides its ``1/pp`` of the blocks a rank holds their input (the embedding output, or
+    the activation a pipeline stage receives; with activation checkpointing the first block
+    holds it) and, on the output side (without a pipeline, or its last stage;
+    ``output_side`` False: a pipeline's other stages), the final norm's input and output
+    (with the head weight's cast under autocast; an RMSNorm's normalized input too) and
+    statistics and the fp32 log-probabilities of the loss (batch x seq x vocab x 4).
+    With activation checkpointing each block keeps only its input; backward recomputes one
+    block at a time (:func:`block_activation_bytes` more, briefly).
     """
     n, e = micro_batch * seq, micro_batch * seq * shape.d_model
     layers = shape.n_layers // pp
@@ -197,8 +204,12 @@ def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: 
             "bf16-params": e * BF16}[precision]
     llama = shape.family == "llama"
     norm = (rms_norm_bytes(e, precision) + n * FP32) if llama else 2 * n * FP32  # stats
-    ends = e * stream + head + norm + n * shape.vocab_size * FP32
-    return layers * per_block + ends
+    # Unless checkpointed, the blocks hold their outputs, so their first input (the embedding
+    # output or the activation received) comes beside; checkpointed they hold their inputs,
+    # so the last block's output (the final norm's input) comes on the output side.
+    stream_copy = e * stream if output_side or not checkpointing else 0
+    output = head + norm + n * shape.vocab_size * FP32 if output_side else 0
+    return layers * per_block + stream_copy + output
 
 
 def precision(dtype: str, layout: Layout) -> str:
@@ -224,12 +235,17 @@ def _gib(value: int) -> str:
 
 
 def anatomy_table(shape: ModelConfig, micro_batch: int, seq: int, dtype: str,
-                  checkpointing: bool, devices: int) -> str:
-    """Per-rank GiB of every category under DDP and ZeRO-1/2/3 over ``devices`` ranks."""
+                  checkpointing: bool, devices: int, tp: int = 1, pp: int = 1) -> str:
+    """Per-rank GiB of every category under DDP and ZeRO-1/2/3 over the ``devices / (tp x
+    pp)`` data-parallel ranks of ``devices`` (a pipeline's: its heaviest stage's)."""
+    dp = devices // (tp * pp)
+    degrees = "".join(f", {name} {value}" for name, value in (("tp", tp), ("pp", pp))
+                      if value > 1)
     lines = [f"{'sharding':8} {'params':>8} {'grads':>8} {'AdamW':>8} {'activ.':>8} "
-             f"{'gathered':>8} {'total':>8}   (GiB per rank, {devices} ranks)"]
+             f"{'gathered':>8} {'total':>8}   (GiB per rank, {devices} ranks{degrees})"]
     for sharding in SHARDINGS:
-        a = predict(shape, micro_batch, seq, dtype, checkpointing, Layout(sharding, dp=devices))
+        a = predict(shape, micro_batch, seq, dtype, checkpointing,
+                    Layout(sharding, dp=dp, tp=tp, pp=pp))
         lines.append(f"{sharding:8} {_gib(a.params)} {_gib(a.grads)} {_gib(a.optimizer)} "
                      f"{_gib(a.activations)} {_gib(a.gathered)} {_gib(a.total)}")
     return "\n".join(lines)

@@ -4,7 +4,9 @@ The planner prices every configuration with :mod:`trainers.memory` and follows t
 guide: a model that fits one device trains fastest as DDP; when the batch does not fit, a
 smaller micro-batch with gradient accumulation, then activation checkpointing; when the model
 does not fit, FSDP (ZeRO-2, then ZeRO-3); when even that does not fit, tensor parallelism
-inside a node, then pipeline parallelism across nodes, data parallel over both. It prints the
+inside a node, then pipeline parallelism across nodes with FSDP over the pipelines, then with
+tensor parallelism inside each stage too (3-D; its degree divides the devices per node, the
+pipeline's the nodes). It prints the
 memory per rank of each and recommends the first that fits, with the micro-batch and the
 accumulation steps that reach the requested global batch. Components call :func:`check_fits`
 before scheduling a job. Plain Python without torch.
@@ -20,6 +22,7 @@ from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.memory_formulas import (
     Anatomy,
     Layout,
+    activation_bytes,
     block_activation_bytes,
     precision,
     predict,
@@ -69,23 +72,42 @@ class Candidate:
         return " ".join(flags)
 
 
+def last_stage_in_flight(schedule: str, in_flight: int) -> int:
+    """Micro-batches a pipeline's last stage holds at once when its first holds
+    ``in_flight``: under 1F1B one (it runs each micro-batch's backward right after its
+    forward); the other schedules are priced at ``in_flight`` (GPipe holds them all there,
+    the interleaved and zero-bubble ones fewer)."""
+    return 1 if schedule == "1f1b" else in_flight
+
+
 def peak_bytes(anatomy: Anatomy, shape: ModelConfig, micro_batch: int, seq: int, dtype: str,
-               checkpointing: bool, layout: Layout, in_flight: int, device: str) -> int:
-    """Per-rank peak: states, ``in_flight`` micro-batches of activations, the block that
-    activation checkpointing recomputes, and the runtime's own memory."""
-    recompute = (block_activation_bytes(shape, micro_batch, seq, precision(dtype, layout),
-                                        layout.tp) if checkpointing else 0)
+               checkpointing: bool, layout: Layout, in_flight: int, last_in_flight: int,
+               device: str) -> int:
+    """Per-rank peak: states, the activations in flight, the block that activation
+    checkpointing recomputes, and the runtime's own memory. A pipeline's heaviest rank holds
+    the larger of its first stage's ``in_flight`` micro-batches (without the output side)
+    and its last stage's ``last_in_flight`` (with it: ``anatomy.activations``)."""
+    compute = precision(dtype, layout)
+    recompute = (block_activation_bytes(shape, micro_batch, seq, compute, layout.tp)
+                 if checkpointing else 0)
+    held = last_in_flight * anatomy.activations
+    if layout.pp > 1:
+        held = max(held, in_flight * activation_bytes(
+            shape, micro_batch, seq, compute, checkpointing, layout.tp, layout.pp,
+            output_side=False))
     return (anatomy.params + anatomy.grads + anatomy.optimizer + anatomy.gathered
-            + in_flight * anatomy.activations + recompute + RUNTIME_OVERHEAD[device])
+            + held + recompute + RUNTIME_OVERHEAD[device])
 
 
 def _candidate(trainer: str, layout: Layout, shape: ModelConfig, seq: int, dtype: str,
                checkpointing: bool, micro_batch: int, grad_accum: int, in_flight: int,
-               device: str) -> Candidate:
+               device: str, last_in_flight: int | None = None) -> Candidate:
+    """``last_in_flight``: a pipeline's last stage's (None: ``in_flight``)."""
     anatomy = predict(shape, micro_batch, seq, dtype, checkpointing, layout)
+    last = in_flight if last_in_flight is None else last_in_flight
     return Candidate(trainer, layout, checkpointing, micro_batch, grad_accum, in_flight, anatomy,
                      peak_bytes(anatomy, shape, micro_batch, seq, dtype, checkpointing,
-                                layout, in_flight, device))
+                                layout, in_flight, last, device))
 
 
 def layout_options(layout: Layout) -> dict[str, str]:
@@ -116,31 +138,37 @@ def candidates(shape: ModelConfig, seq: int, global_batch: int, devices_per_node
     for sharding in ("zero2", "zero3"):
         for checkpointing in (False, True):
             steps.append(("fsdp", sharding, 1, 1, checkpointing))
+    # TP inside a node: its degree divides the devices per node (and the heads and width).
     tps = [t for t in _divisors(devices_per_node)
            if t > 1 and all(size % t == 0 for _, size in tensor_parallel_sizes(shape))]
     for tp in tps:
         steps.append(("tensor_parallel", "zero3", tp, 1, True))
+    # PP across nodes: its stages are whole nodes; FSDP (ZeRO-2, then ZeRO-3) over the
+    # pipelines, TP inside each stage (3-D).
     pps = [p for p in _divisors(nodes) if p > 1 and shape.n_layers % p == 0]
     for pp in pps:
         for tp in [1, *tps]:
-            steps.append(("pipeline", "ddp", tp, pp, True))
+            for sharding in ("zero2", "zero3"):
+                steps.append(("pipeline", sharding, tp, pp, True))
+    seen = set()
     for trainer, sharding, tp, pp, checkpointing in steps:
         dp = world // (tp * pp)
-        if global_batch % dp:
+        sharding = sharding if dp > 1 else "ddp"  # one replica shards nothing
+        if global_batch % dp or (trainer, sharding, tp, pp, checkpointing) in seen:
             continue
+        seen.add((trainer, sharding, tp, pp, checkpointing))
         per_replica = global_batch // dp
         for micro in sorted(_divisors(per_replica), reverse=True):
             accum = per_replica // micro
-            layout = Layout(sharding if dp > 1 or sharding == "ddp" else "ddp", dp=dp, tp=tp,
-                            pp=pp)
+            layout = Layout(sharding, dp=dp, tp=tp, pp=pp)
             if not TRAINERS[trainer].options >= layout_options(layout).keys():
-                continue  # the trainer does not serve this layout (e.g. pipeline with --tp)
+                continue  # a layout the trainer does not serve
             if trainer == "pipeline":
-                # 1F1B: the first stage holds up to pp micro-batches of size micro/accum.
+                # 1F1B: --microbatches >= pp, and the first stage holds pp of them at once.
                 if accum < pp:
                     continue
                 yield _candidate(trainer, layout, shape, seq, dtype, checkpointing, micro, accum,
-                                 pp, device)
+                                 pp, device, last_stage_in_flight("1f1b", pp))
             else:
                 yield _candidate(trainer, layout, shape, seq, dtype, checkpointing, micro, accum,
                                  1, device)
@@ -176,7 +204,8 @@ def job_candidate(cfg: TrainConfig, trainer: str, world: int, device: str) -> Ca
     split = TRAINERS[trainer].split(cfg, world)
     return _candidate(trainer, split.layout, shape, cfg.seq_len, cfg.dtype,
                       cfg.activation_checkpointing, split.micro_batch, split.grad_accum,
-                      split.in_flight, device)
+                      split.in_flight, device,
+                      last_stage_in_flight(cfg.schedule, split.in_flight))
 
 
 def check_fits(cfg: TrainConfig, trainer: str, world: int, devices_per_node: int, nodes: int,
