@@ -43,14 +43,15 @@ VARIANTS = {"flat": None, "zero2": ["--reshard-after-forward", "false"],
 LOSS_TOLERANCE = 1e-5  # largest |loss - flat's loss| at any step, fp32
 STRICT = True  # a loss that disagrees fails the run
 OVERRIDES = {"steps": 2, "rounds": 1, "warmup": 0}
-QUICK = {"model": "tiny", "schedules": ("interleaved1f1b",), "virtual_stages": 2, "steps": 3,
-         "warmup": 1, "rounds": 1, "timeout_s": 120.0}
+QUICK = {"model": "tiny", "schedules": ("interleaved1f1b",), "variants": ("flat", "zero3"),
+         "virtual_stages": 2, "steps": 3, "warmup": 1, "rounds": 1, "timeout_s": 120.0}
 
 
 @dataclass
 class Plan:
     model: str = "small"
     schedules: tuple[str, ...] = ("1f1b", "interleaved1f1b")
+    variants: tuple[str, ...] = tuple(VARIANTS)  # with "flat": the others are measured against it
     batch_size: int = 8  # global: 4 sequences per replica
     microbatches: int = 2  # per replica and step
     virtual_stages: int = 3  # of interleaved1f1b; pp x this must divide the model's blocks
@@ -136,20 +137,21 @@ def run_variant(plan: Plan, schedule: list[str], variant: str, scratch: Path,
 
 
 def summarize(plan: Plan, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per variant: step times pooled over rounds (each run's warm-up left out), their median
-    and its ratio to ``flat``'s, each rank's largest peak memory, and the largest loss
-    difference from ``flat``'s first run at any step of any run."""
+    """Per variant: step times pooled over rounds (each run's warm-up left out), their median,
+    its ratio to ``flat``'s and each run's own median, each rank's largest peak memory, and the
+    largest loss difference from ``flat``'s first run at any step of any run."""
     reference = next(r["loss"] for r in runs if r["variant"] == "flat")
     out: dict[str, Any] = {}
-    for variant in VARIANTS:
+    for variant in plan.variants:
         mine = [r for r in runs if r["variant"] == variant]
         out[variant] = {
             "median_step_s": median([t for r in mine for t in r["step_time_s"][plan.warmup:]]),
+            "run_medians_s": [median(r["step_time_s"][plan.warmup:]) for r in mine],
             "peak_memory_bytes": [max(p) for p in zip(*(r["peak_memory_bytes"] for r in mine),
                                                       strict=True)],
             "max_loss_diff": max(abs(a - b) for r in mine
                                  for a, b in zip(r["loss"], reference, strict=True))}
-    for variant in VARIANTS:
+    for variant in plan.variants:
         out[variant]["vs_flat"] = out[variant]["median_step_s"] / out["flat"]["median_step_s"]
     return out
 
@@ -160,7 +162,7 @@ def run(plan: Plan, scratch: Path) -> dict[str, Any]:
     for name in plan.schedules:
         flags = schedule_flags(plan, name)
         runs = [run_variant(plan, flags, variant, scratch, f"{name}-round{index}-{variant}")
-                for index, variant in harness.rotations(list(VARIANTS), plan.rounds)]
+                for index, variant in harness.rotations(plan.variants, plan.rounds)]
         results[name] = {"runs": runs, "summary": summarize(plan, runs)}
     return {"nproc": NPROC, "pp": PP, "dp": DP, "backend": "gloo", "schedules": results}
 
@@ -175,12 +177,14 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def table(report: dict[str, Any]) -> str:
     plan = report["plan"]
-    rows = [("schedule", "reduction", "median step", "vs flat",
+    rows = [("schedule", "reduction", "median step", "vs flat", "per run (ms)",
              *(f"peak rank {r}" for r in range(report["nproc"])), "max |dloss|")]
     for name, result in report["schedules"].items():
         for variant, row in result["summary"].items():
             rows.append((name, variant, f"{1e3 * row['median_step_s']:.0f} ms",
-                         f"{row['vs_flat']:.3f}", *(human(b) for b in row["peak_memory_bytes"]),
+                         f"{row['vs_flat']:.3f}",
+                         " ".join(f"{1e3 * t:.0f}" for t in row["run_medians_s"]),
+                         *(human(b) for b in row["peak_memory_bytes"]),
                          f"{row['max_loss_diff']:.1e}"))
     return "\n".join([
         f"Pipeline gradient reduction, {plan['model']} model, pp {report['pp']} x dp "
