@@ -14,6 +14,7 @@ rank's peak memory and whether the losses agree (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ VARIANTS = {"flat": None, "zero2": ["--reshard-after-forward", "false"],
             "zero3": ["--reshard-after-forward", "true"]}
 LOSS_TOLERANCE = 1e-5  # largest |loss - flat's loss| at any step, fp32
 STRICT = True  # a loss that disagrees fails the run
-OVERRIDES = {"steps": 2, "rounds": 1, "warmup": 0}
+OVERRIDES = {"steps": 3, "rounds": 1, "warmup": 0}
 QUICK = {"model": "tiny", "schedules": ("interleaved1f1b",), "variants": ("flat", "zero3"),
          "virtual_stages": 2, "steps": 3, "warmup": 1, "rounds": 1, "timeout_s": 120.0}
 
@@ -97,7 +98,8 @@ def build_flat(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:
 def worker(prefix: str, argv: Sequence[str]) -> None:
     """``--worker PREFIX REDUCTION TRAINER_ARGS``: train as ``trainers.pipeline`` does, with
     its own build (``fsdp``) or :func:`build_flat` (``flat``), and write this rank's metrics of
-    every step (:func:`bench.harness.write_rank`; measured before the final checkpoint)."""
+    every step (:func:`bench.harness.write_rank`; measured before the final checkpoint) with
+    the CPU time the process (all its threads) has used by the end of the step."""
     from trainers.pipeline import build
 
     reduction, *args = argv
@@ -105,7 +107,8 @@ def worker(prefix: str, argv: Sequence[str]) -> None:
     cfg = parse_or_exit(args, "pipeline")
     steps: list[dict[str, float]] = []
     train_in_group(cfg, "pipeline", build_flat if reduction == "flat" else build,
-                   on_step=lambda step, metrics, _: steps.append({"step": step, **metrics}),
+                   on_step=lambda step, metrics, _: steps.append(
+                       {"step": step, "process_time_s": time.process_time(), **metrics}),
                    argv=args)
     harness.write_rank(prefix, {"reduction": reduction, "steps": steps})
 
@@ -119,8 +122,8 @@ def schedule_flags(plan: Plan, name: str) -> list[str]:
 
 def run_variant(plan: Plan, schedule: list[str], variant: str, scratch: Path,
                 tag: str) -> dict[str, Any]:
-    """One training run of ``variant``: the command, every rank's per-step metrics, rank 0's
-    step times and losses (the mean over replicas), each rank's peak memory."""
+    """One training run of ``variant``: the command, rank 0's step times and losses (the mean
+    over replicas), the CPU time of each step summed over the ranks, each rank's peak memory."""
     flags = VARIANTS[variant]
     args = [*harness.trainer_args(plan.model, plan.batch_size, plan.steps, 1e12, 256),
             "--pp", str(PP), "--dp", str(DP), "--microbatches", str(plan.microbatches),
@@ -132,14 +135,25 @@ def run_variant(plan: Plan, schedule: list[str], variant: str, scratch: Path,
             "wall_s": result["wall_s"],
             "step_time_s": [s["step_time_s"] for s in ranks[0]["steps"]],
             "loss": [s["loss"] for s in ranks[0]["steps"]],
+            "cpu_s": cpu_per_step(ranks),
             "peak_memory_bytes": [max(s["peak_memory_bytes"] for s in r["steps"])
                                   for r in ranks]}
 
 
+def cpu_per_step(ranks: list[dict[str, Any]]) -> list[float]:
+    """CPU seconds of steps 2 to the one before last, summed over the ranks: from one step's end
+    to the next, so the first step (and the setup before it) and the last one (whose end comes
+    after the final checkpoint) are left out. Unlike wall time it does not count the time a
+    rank waits, for a peer or for the core, so other processes on the machine move it less."""
+    ends = [[s["process_time_s"] for s in r["steps"]] for r in ranks]
+    return [sum(e[i + 1] - e[i] for e in ends) for i in range(len(ends[0]) - 2)]
+
+
 def summarize(plan: Plan, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per variant: step times pooled over rounds (each run's warm-up left out), their median,
-    its ratio to ``flat``'s and each run's own median, each rank's largest peak memory, and the
-    largest loss difference from ``flat``'s first run at any step of any run."""
+    its ratio to ``flat``'s and each run's own median; the median CPU seconds per step (summed
+    over the ranks; steps after the warm-up) and its ratio to ``flat``'s; each rank's largest peak
+    memory; the largest loss difference from ``flat``'s first run at any step of any run."""
     reference = next(r["loss"] for r in runs if r["variant"] == "flat")
     out: dict[str, Any] = {}
     for variant in plan.variants:
@@ -147,12 +161,14 @@ def summarize(plan: Plan, runs: list[dict[str, Any]]) -> dict[str, Any]:
         out[variant] = {
             "median_step_s": median([t for r in mine for t in r["step_time_s"][plan.warmup:]]),
             "run_medians_s": [median(r["step_time_s"][plan.warmup:]) for r in mine],
+            "cpu_step_s": median([c for r in mine for c in r["cpu_s"][max(plan.warmup - 1, 0):]]),
             "peak_memory_bytes": [max(p) for p in zip(*(r["peak_memory_bytes"] for r in mine),
                                                       strict=True)],
             "max_loss_diff": max(abs(a - b) for r in mine
                                  for a, b in zip(r["loss"], reference, strict=True))}
     for variant in plan.variants:
-        out[variant]["vs_flat"] = out[variant]["median_step_s"] / out["flat"]["median_step_s"]
+        for key, ratio in (("median_step_s", "vs_flat"), ("cpu_step_s", "cpu_vs_flat")):
+            out[variant][ratio] = out[variant][key] / out["flat"][key]
     return out
 
 
@@ -177,13 +193,15 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def table(report: dict[str, Any]) -> str:
     plan = report["plan"]
-    rows = [("schedule", "reduction", "median step", "vs flat", "per run (ms)",
+    rows = [("schedule", "reduction", "median step", "vs flat", "per run (ms)", "CPU/step",
+             "vs flat",
              *(f"peak rank {r}" for r in range(report["nproc"])), "max |dloss|")]
     for name, result in report["schedules"].items():
         for variant, row in result["summary"].items():
             rows.append((name, variant, f"{1e3 * row['median_step_s']:.0f} ms",
                          f"{row['vs_flat']:.3f}",
                          " ".join(f"{1e3 * t:.0f}" for t in row["run_medians_s"]),
+                         f"{row['cpu_step_s']:.2f} s", f"{row['cpu_vs_flat']:.3f}",
                          *(human(b) for b in row["peak_memory_bytes"]),
                          f"{row['max_loss_diff']:.1e}"))
     return "\n".join([
@@ -191,7 +209,8 @@ def table(report: dict[str, Any]) -> str:
         f"{report['dp']} ({report['nproc']} ranks, gloo, fp32), global batch "
         f"{plan['batch_size']}, {plan['microbatches']} micro-batches per replica, "
         f"{plan['steps']} steps x {plan['rounds']} rounds (first {plan['warmup']} of each run "
-        "left out); peak = the rank's peak resident memory", "",
+        "left out); median step: rank 0's wall time; CPU/step: CPU seconds of a step summed over "
+        "the ranks; peak: the rank's peak resident memory", "",
         harness.columns(rows, left=(0, 1))])
 
 

@@ -30,5 +30,6 @@ def test_pipeline_reduction_quick_run_compares_flat_and_zero3(tmp_path):
     summary = result["summary"]
     assert summary["flat"]["vs_flat"] == 1.0 and summary["flat"]["max_loss_diff"] == 0.0
     assert summary["zero3"]["median_step_s"] > 0 and summary["zero3"]["max_loss_diff"] <= 1e-5
+    assert summary["zero3"]["cpu_step_s"] > 0 and summary["flat"]["cpu_vs_flat"] == 1.0
     assert min(summary["zero3"]["peak_memory_bytes"]) > 2**20
     assert "interleaved1f1b  zero3" in proc.stdout and "max |dloss|" in proc.stdout
