@@ -2,14 +2,15 @@
 
 The pipeline trainer (``trainers/pipeline.py``) shards each stage over the data-parallel
 replicas with FSDP2, and ``torch.distributed.pipelining`` issues a stage's reduce-scatter as
-soon as that stage's last backward is done, so under an interleaved schedule one stage's
-reduction can overlap the backward of the rank's other stages. Before, every stage was whole on
+soon as that stage's last backward is done, so that under an interleaved schedule one stage's
+reduction may overlap the backward of the rank's other stages (on GPUs; on CPU over gloo the
+reduce-scatter blocks, see docs/benchmarks.md). Before, every stage was whole on
 each replica and the gradients were averaged after the schedule step by one flat all-reduce.
 This benchmark trains the same model, batch and seed at pp 2 x dp 2 (4 ranks, gloo) with both:
 ``flat`` (:class:`FlatAllReduce`, whole stages, the all-reduce as it was) and FSDP2 as ZeRO-2
 and ZeRO-3, under 1F1B and interleaved 1F1B, every run launched the same way (``torchrun -m
-bench.pipeline_reduction --worker``), and reports the median step time against ``flat``, each
-rank's peak memory and whether the losses agree (docs/benchmarks.md).
+bench.pipeline_reduction --worker``), and reports the median step time and CPU time per step
+against ``flat``'s, each rank's peak memory and whether the losses agree.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec
 from trainers.parallel.parallelize import parallelize
 from trainers.parallel.pipeline import PipelineStrategy, split_stage, stage_indices
+from trainers.pipeline import build as fsdp_build
 from trainers.torchfree.config import parse_or_exit
 from trainers.torchfree.log_setup import configure_logging
 from trainers.torchfree.train_config import SCHEDULE_STAGES, TrainConfig
@@ -56,9 +58,9 @@ class Plan:
     batch_size: int = 8  # global: 4 sequences per replica
     microbatches: int = 2  # per replica and step
     virtual_stages: int = 3  # of interleaved1f1b; pp x this must divide the model's blocks
-    steps: int = 8
+    steps: int = 10
     warmup: int = 3  # leading steps of each run left out of the medians
-    rounds: int = 2  # each round runs every variant once per schedule, order rotating
+    rounds: int = 3  # each round runs every variant once per schedule, order rotating
     timeout_s: float = 600.0  # per run
 
 
@@ -100,13 +102,11 @@ def worker(prefix: str, argv: Sequence[str]) -> None:
     its own build (``fsdp``) or :func:`build_flat` (``flat``), and write this rank's metrics of
     every step (:func:`bench.harness.write_rank`; measured before the final checkpoint) with
     the CPU time the process (all its threads) has used by the end of the step."""
-    from trainers.pipeline import build
-
     reduction, *args = argv
     configure_logging()
     cfg = parse_or_exit(args, "pipeline")
     steps: list[dict[str, float]] = []
-    train_in_group(cfg, "pipeline", build_flat if reduction == "flat" else build,
+    train_in_group(cfg, "pipeline", build_flat if reduction == "flat" else fsdp_build,
                    on_step=lambda step, metrics, _: steps.append(
                        {"step": step, "process_time_s": time.process_time(), **metrics}),
                    argv=args)
