@@ -217,11 +217,13 @@ ROWS = [
         "trainers.ddp: --gpu_type describes GPUs, but the job asks for none; pass --gpu N (one "
         "per process), or drop --gpu_type", options=("--gpu_type", "h100")),
     Row("ddp-7b-on-h100s", "slurm", "ddp",
-        "trainers.ddp: --model 7b needs 133.1 GiB per rank, devices have 80.0; try trainers.fsdp",
+        "trainers.ddp: --model 7b needs 133.11 GiB per rank, devices have 80.00 (72.00 usable); "
+        "try trainers.fsdp",
         j="2x8", options=("--gpu", "8", "--gpu_type", "h100"), trainer=("--model", "7b"),
         exact=False),
     Row("cpu-job-names-memmb", "slurm", "fsdp",
-        "trainers.fsdp: --model 7b needs 24.0 GiB per rank, devices have 0.5;", j="2x8",
+        "trainers.fsdp: --model 7b needs 23.95 GiB per rank, devices have 0.50 (0.45 usable);",
+        j="2x8",
         trainer=("--model", "7b", "--batch-size", "16"), exact=False,
         ends="; or pass more --memMB (now 4096 MB per node, shared by 8 processes)"),
     # launch options, read strictly before TorchX parses them

@@ -155,8 +155,8 @@ def test_custom_shape():
 def test_components_refuse_a_job_that_cannot_fit():
     ddp("--model", "tiny")  # 2 GiB per rank on the default CPU node: fits
     with pytest.raises(ComponentArgumentError, match=r"trainers.ddp: --model 1b needs .* GiB "
-                                                     r"per rank, devices have 16.0; try "
-                                                     r"trainers.fsdp"):
+                                                     r"per rank, devices have 16.00 "
+                                                     r"\(14.40 usable\); try trainers.fsdp"):
         ddp("--model", "1b", "--dtype", "bf16", gpu=8, j="1x8", device_memory_gb=16)
     with pytest.raises(ComponentArgumentError, match="no configuration fits 2.0 GiB"):
         fsdp("--model", "1b")  # CPU node of 4096 MB for 2 processes

@@ -215,7 +215,8 @@ def check_fits(cfg: TrainConfig, trainer: str, world: int, devices_per_node: int
     job = job_candidate(cfg, trainer, world, device)
     if job.peak_bytes <= USABLE * device_memory:
         return
-    need = f"{job.peak_bytes / GIB:.1f} GiB per rank, devices have {device_memory / GIB:.1f}"
+    need = (f"{job.peak_bytes / GIB:.2f} GiB per rank, devices have {device_memory / GIB:.2f} "
+            f"({USABLE * device_memory / GIB:.2f} usable)")
     try:
         better = recommend(model_shape(cfg.model), cfg.seq_len, cfg.batch_size,
                            devices_per_node, nodes, device_memory, cfg.dtype, device)
