@@ -46,7 +46,7 @@ VARIANTS = {"flat": None, "zero2": ["--reshard-after-forward", "false"],
 LOSS_TOLERANCE = 1e-5  # largest |loss - flat's loss| at any step, fp32
 STRICT = True  # a loss that disagrees fails the run
 OVERRIDES = {"steps": 3, "rounds": 1, "warmup": 0}
-QUICK = {"model": "tiny", "schedules": ("interleaved1f1b",), "variants": ("flat", "zero3"),
+QUICK = {"model": "tiny", "schedules": ("interleaved1f1b",), "variants": ("flat", "zero2", "zero3"),
          "virtual_stages": 2, "steps": 3, "warmup": 1, "rounds": 1, "timeout_s": 120.0}
 
 

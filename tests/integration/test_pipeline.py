@@ -1,7 +1,7 @@
 """Pipeline (alone and 3-D) and model parallelism compute the single-process training.
 
 Under torchrun + gloo, fp32: every schedule's per-step losses within 1e-5 relative of one
-process, on 2 ranks and as 3-D (pp2 x dp2 x tp2 with ZeRO-3 or ZeRO-2 on 8 ranks; pp2 x tp2);
+process, on 2 ranks and as 3-D (pp2 x dp2 x tp2 with ZeRO-3 on 8 ranks; pp2 x tp2);
 a 3-D checkpoint resumes at another layout (pp2 x tp2, and the fsdp trainer) with the
 uninterrupted run's losses, and sample and export read it; the naive model-parallel run exactly
 equal; the recorded timeline has a forward and a backward per micro-batch and stage.
@@ -36,14 +36,14 @@ THREE_D = ["--pp", "2", "--tp", "2", "--microbatches", "4"]
 
 
 @pytest.mark.parametrize("nproc, extra", [
-    (8, ["--schedule", "interleaved1f1b", "--virtual-stages", "2",
-         "--reshard-after-forward", "false", "--activation-checkpointing"]),
+    (8, ["--schedule", "interleaved1f1b", "--virtual-stages", "2", "--activation-checkpointing"]),
     (4, ["--schedule", "1f1b", "--sequence-parallel"]),
-], ids=["pp2-dp2-tp2-interleaved-zero2-ac", "pp2-tp2-sp"])
+], ids=["pp2-dp2-tp2-interleaved-zero3-ac", "pp2-tp2-sp"])
 def test_three_dimensional_runs_match_one_process(tmp_path, single_process, nproc, extra):
     """Tensor parallel inside each stage, FSDP2 across the pipelines (dp = 8 / 4 = 2; 1 at 4
     ranks): the single-process losses. (pp2 x dp2 x tp2 under 1f1b with ZeRO-3 is the
-    component's run in test_component_3d.py.)"""
+    component's run in test_component_3d.py; ZeRO-2 against the flat all-reduce is
+    test_bench_pipeline_reduction.py's.)"""
     run_trainer([*BATCH, *THREE_D, *extra, "--output-dir", str(tmp_path)], nproc=nproc,
                 module="trainers.pipeline")
     assert_close(losses(tmp_path), single_process)
