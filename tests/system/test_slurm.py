@@ -44,11 +44,13 @@ from tests.support.slurm import (
 
 # (component, -j, trainer arguments): every component across the two nodes, and the two
 # launch shapes of one node (torchrun with 2 processes; the model parallel trainer, which
-# drives all of a node's devices from one process, 1x1) on one node.
+# drives all of a node's devices from one process, 1x1) on one node. Tensor parallel across
+# two one-process nodes is the layout the placement rule refuses, so that case also proves
+# its escape, --allow-cross-node-tp, on a real scheduler.
 CASES = [
     ("ddp", "1x2", []), ("ddp", "2x1", []),
     ("fsdp", "2x1", ["--reshard-after-forward", "false"]),
-    ("tensor_parallel", "2x1", ["--tp", "2"]),
+    ("tensor_parallel", "2x1", ["--tp", "2", "--allow-cross-node-tp"]),
     ("pipeline", "2x1", ["--pp", "2", "--schedule", "1f1b"]),
     ("model_parallel", "1x1", ["--devices", "cpu,cpu"]),
     ("model_parallel", "2x1", ["--devices", "cpu,cpu"]),
