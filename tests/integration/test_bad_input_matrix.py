@@ -141,6 +141,10 @@ ROWS = [
         "trainers.fsdp: {tmp}/old-run holds a format-1 checkpoint from an earlier version of "
         "these trainers, which read format 2; resume it with the version that wrote it, or pass "
         "--resume none with a new --output-dir", trainer=("--resume", "{tmp}/old-run")),
+    Row("chat-without-field", "local_cwd", "fsdp",
+        "trainers.fsdp: {tmp}/chat.jsonl:1: no field 'messages' holding a list of {role, "
+        "content} turns; pass the --messages-field that holds them, or --data-format",
+        trainer=("--data", "{tmp}/chat.jsonl", "--data-format", "chat")),
     Row("missing-data-file", "local_cwd", "fsdp", "trainers.fsdp: --data {tmp}/corpus.bin:",
         trainer=("--data", "{tmp}/corpus.bin"), exact=False),
     Row("tokenizer-does-not-load", "local_cwd", "ddp",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -147,6 +148,17 @@ def parse_for(trainer: str, *args: str, world: int, tmp: Path):
                         world_sizes=[world])
 
 
+def test_packing_is_refused_where_the_model_cannot_take_positions(tmp_path):
+    """Pipeline stages, tensor-parallel plans and the model-parallel spread call blocks with
+    hidden states only: --batching pack is refused there, padded batches are not."""
+    bad_data_files(tmp_path)
+    pairs = ["--data", str(tmp_path / "pairs.jsonl")]
+    with pytest.raises(ConfigError, match="--batching is not served by trainers.pipeline; use "
+                                          "trainers.ddp or trainers.fsdp or drop --batching"):
+        parse_for("pipeline", *pairs, "--pp", "2", "--batching", "pack", world=2, tmp=tmp_path)
+    parse_for("pipeline", *pairs, "--pp", "2", "--batch-size", "8", world=2, tmp=tmp_path)
+
+
 def test_three_dimensional_degrees(tmp_path):
     """pp x dp x tp = world; a stage's tp must split the model like the 2-D trainer's."""
     cfg = parse_for("pipeline", "--pp", "2", "--tp", "2", "--batch-size", "8",
@@ -279,6 +291,12 @@ def bad_data_files(tmp: Path) -> None:
     (tmp / "notes.csv").write_text("a,b\n")
     (tmp / "docs.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n')
     (tmp / "plain.txt").write_text("some text " * 100)
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    (tmp / "chat.jsonl").write_text(json.dumps({"conversation": turns}) + "\n")
+    (tmp / "roles.jsonl").write_text(json.dumps({"messages": [
+        {"role": "narrator", "content": "once"}, *turns]}) + "\n")
+    (tmp / "long.jsonl").write_text(json.dumps({"prompt": "p" * 100, "completion": "c"}) + "\n")
+    (tmp / "pairs.jsonl").write_text(2 * (json.dumps({"prompt": "p", "completion": "c"}) + "\n"))
     np.array([1, 2, 300], dtype=np.uint16).tofile(tmp / "raw.bin")
     np.arange(200, dtype=np.uint16).tofile(tmp / "small.bin")
     write_token_file(tmp / "tokens.bin", np.arange(256, dtype=np.uint16), 256)
@@ -334,6 +352,28 @@ def bad_data_files(tmp: Path) -> None:
      "--text-field applies only to .jsonl and .parquet files, and --data {tmp}/plain.txt holds "
      "none; drop --text-field"),
     (["--data", "{tmp}/plain.txt", "--vocab-size", "-3"], "--vocab-size must be positive"),
+    (["--data", "{tmp}/chat.jsonl", "--data-format", "chat"],
+     r"{tmp}/chat.jsonl:1: no field 'messages' holding a list of \{role, content\} turns; pass "
+     "the --messages-field that holds them"),
+    (["--data", "{tmp}/roles.jsonl"], "{tmp}/roles.jsonl:1: the chat template refuses it: the "
+     "chat template knows the roles system, user and assistant, not narrator"),
+    (["--data", "{tmp}/long.jsonl"], r"{tmp}/long.jsonl:1: --seq-len 64 cuts the whole "
+     r"completion \(it starts after 100 tokens\); raise --seq-len or shorten the prompt"),
+    (["--data", "{tmp}/long.jsonl", "--messages-field", "turns"], "--messages-field applies to "
+     "chat data, and --data {tmp}/long.jsonl is read as prompt_completion; drop"),
+    (["--data-format", "chat"], "--data-format applies only to text --data .*, not synthetic "
+     "data; drop --data-format"),
+    (["--batching", "pack"], "--batching applies only to instruction and chat --data .*, not "
+     "synthetic data; drop --batching"),
+    (["--data", "{tmp}/plain.txt", "--batching", "pack"], "--batching pack packs instruction or "
+     "chat samples, and --data {tmp}/plain.txt is read as text .*; drop --batching"),
+    (["--data", "{tmp}/pairs.jsonl", "--batching", "pack", "--attention", "naive"],
+     "--batching pack masks attention to each sample with sdpa, not --attention naive; pass "
+     "--attention sdpa or --batching pad"),
+    (["--data", "{tmp}/pairs.jsonl", "--batching", "pack", "--model",
+      "examples.custom_model.conv_lm:SPEC"], "--batching pack needs a model whose forward takes "
+     "packed samples' positions, and --model examples.custom_model.conv_lm:SPEC is your own; "
+     "pass --batching pad"),
 ])
 def test_bad_data_sources(tmp_path, args, message):
     bad_data_files(tmp_path)
@@ -345,6 +385,7 @@ def test_bad_data_sources(tmp_path, args, message):
 
 def test_good_data_sources_pass(tmp_path):
     bad_data_files(tmp_path)
+    parse("--data", str(tmp_path / "pairs.jsonl"), "--batching", "pack", tmp=tmp_path)
     parse("--data", str(tmp_path / "small.bin"), "--token-dtype", "uint16", "--vocab-size",
           "256", "--seq-len", "64", tmp=tmp_path)
     parse("--data", str(tmp_path / "*.txt"), tmp=tmp_path)

@@ -36,10 +36,38 @@ def test_chunk_size_follows_the_vocabulary(monkeypatch):
     seen = []
     forward = loss._ChunkedCrossEntropy.forward
 
-    def spy(ctx, logits, targets, chunk_rows):
+    def spy(ctx, logits, targets, normalizer, chunk_rows):
         seen.append(chunk_rows)
-        return forward(ctx, logits, targets, chunk_rows)
+        return forward(ctx, logits, targets, normalizer, chunk_rows)
 
     monkeypatch.setattr(loss._ChunkedCrossEntropy, "forward", staticmethod(spy))
     loss.cross_entropy(torch.zeros(1, 2, 131072), torch.zeros(1, 2, dtype=torch.long))
     assert seen == [128]
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 10_000])
+def test_ignored_targets_count_nowhere(monkeypatch, chunk_rows):
+    """Targets of -100 (prompt tokens, padding) add nothing to the loss or its gradient: the
+    loss is the hand-computed masked cross-entropy, and a shared normalizer divides the sum."""
+    vocab = 30
+    monkeypatch.setattr(loss, "CHUNK_BYTES", 4 * vocab * chunk_rows)
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 10, vocab, generator=gen)
+    targets = torch.randint(0, vocab, (3, 10), generator=gen)
+    targets[0, :6] = loss.IGNORE
+    targets[2, 4:] = loss.IGNORE
+    counted = targets != loss.IGNORE
+    log_probs = logits.log_softmax(-1)
+    by_hand = -log_probs.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1)[counted]
+    plain_logits = logits.clone().requires_grad_()
+    plain = F.cross_entropy(plain_logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    plain.backward()
+    ours_logits = logits.clone().requires_grad_()
+    ours = loss.cross_entropy(ours_logits, targets)
+    ours.backward()
+    torch.testing.assert_close(ours, by_hand.mean(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ours_logits.grad, plain_logits.grad, rtol=1e-6, atol=1e-8)
+    assert ours_logits.grad[0, :6].abs().sum() == 0
+    shared = loss.cross_entropy(logits, targets, normalizer=torch.tensor(100.0))
+    torch.testing.assert_close(shared, by_hand.sum() / 100, rtol=1e-6, atol=1e-6)
+    assert loss.counted_tokens(targets) == counted.sum()

@@ -1,9 +1,14 @@
 """Training data: built-in learnable synthetic sequences and token ids (a token file, a raw
 .bin, or a text corpus tokenized once into a cached token file), memory-mapped from a local
-file or read from an object store one window per ranged request.
+file or read from an object store one window per ranged request; and instruction or chat
+samples (:mod:`trainers.torchfree.instruction_data`), one per sequence, padded.
 
-Both datasets hold fixed-length windows of ``seq_len + 1`` tokens and return ``(inputs,
-targets)`` shifted by one. :class:`BatchStream` shards them over data-parallel ranks with a
+The datasets return ``(inputs, targets)`` shifted by one: windows of ``seq_len`` tokens cut
+from the ids, or a sample with its targets :data:`~trainers.core.loss.IGNORE` where they are
+not in the loss (prompts, padding). Instruction batches are cut to their longest sample, and
+drawn in length buckets (:func:`length_buckets`) so that little of a batch is padding.
+
+:class:`BatchStream` shards them over data-parallel ranks with a
 :class:`~torch.utils.data.DistributedSampler` (reshuffled per epoch from the seed) and records
 its position so that a resumed run continues with the next unseen micro-batch.
 """
@@ -20,9 +25,24 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainers.core.distributed import DistEnv
+from trainers.core.loss import IGNORE
 from trainers.torchfree.corpus import progress_line, tokenize_corpus
-from trainers.torchfree.data_source import SYNTHETIC, TEXT, data_kind, text_source, token_array
+from trainers.torchfree.data_source import (
+    SYNTHETIC,
+    TEXT,
+    data_kind,
+    instruction_source,
+    text_source,
+    token_array,
+)
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.instruction_data import (
+    Samples,
+    check_samples,
+    read_samples,
+    tokenize_samples,
+    write_samples,
+)
 from trainers.torchfree.storage import is_remote
 from trainers.torchfree.token_file import (
     StoredIds,
@@ -33,7 +53,8 @@ from trainers.torchfree.token_file import (
 )
 from trainers.torchfree.train_config import TrainConfig, model_vocab
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+# (inputs, targets), or (inputs, targets, positions) of packed samples (PackedDataset)
+Batch = tuple[torch.Tensor, ...]
 
 
 class MarkovChainDataset(Dataset[Batch]):
@@ -125,13 +146,109 @@ class TokenFileDataset(Dataset[Batch]):
         return batch
 
 
+class InstructionDataset(Dataset[Batch]):
+    """Samples ``indices`` of ``samples``, one per item, cut to ``seq_len + 1`` tokens (the
+    truncation rule of :mod:`trainers.torchfree.instruction_data`): inputs padded with id 0
+    and targets with :data:`~trainers.core.loss.IGNORE` to ``seq_len``, the targets also
+    IGNORE where the sample's tokens are not in the loss. :meth:`collate` cuts a batch to its
+    longest sample, rounded up to a multiple of ``multiple`` (0: never cut, every batch
+    ``seq_len`` wide, as a pipeline's fixed stage shapes need)."""
+
+    def __init__(self, samples: Samples, indices: range, seq_len: int, multiple: int) -> None:
+        self.samples, self.indices = samples, indices
+        self.seq_len, self.multiple = seq_len, multiple
+        self.lengths = np.minimum(samples.lengths()[indices.start:indices.stop] - 1, seq_len)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Batch:
+        start = int(self.samples.starts[self.indices[index]])
+        end = min(int(self.samples.starts[self.indices[index] + 1]), start + self.seq_len + 1)
+        ids = torch.from_numpy(self.samples.ids[start:end].astype(np.int64))
+        counted = torch.from_numpy(self.samples.loss[start + 1:end])
+        inputs = torch.zeros(self.seq_len, dtype=torch.long)
+        targets = torch.full((self.seq_len,), IGNORE, dtype=torch.long)
+        inputs[:len(ids) - 1] = ids[:-1]
+        targets[:len(ids) - 1] = ids[1:].masked_fill(~counted, IGNORE)
+        return inputs, targets
+
+    def collate(self, batch: list[Batch]) -> Batch:
+        inputs, targets = (torch.stack(column) for column in zip(*batch, strict=True))
+        if self.multiple:
+            used = (targets != IGNORE).any(0).nonzero()
+            width = int(used[-1]) + 1 if len(used) else 1
+            width = min(self.seq_len, -(-width // self.multiple) * self.multiple)
+            inputs, targets = inputs[:, :width], targets[:, :width]
+        return inputs, targets
+
+
+class PackedDataset(Dataset[Batch]):
+    """Samples ``indices`` of ``samples``, each cut to ``seq_len + 1`` tokens, packed in their
+    order into sequences of ``seq_len``: a sample goes into the current sequence if it fits,
+    else starts the next (never split). Items are ``(inputs, targets, positions)``: the
+    positions restart at 0 where each sample starts, so the model attends within a sample
+    (:func:`trainers.models.attention.document_mask`); the rest of a sequence is padding (id
+    0, targets :data:`~trainers.core.loss.IGNORE`, positions of its own)."""
+
+    def __init__(self, samples: Samples, indices: range, seq_len: int) -> None:
+        self.samples, self.seq_len = samples, seq_len
+        self.packs: list[list[int]] = [[]]
+        used = 0
+        for index in indices:
+            width = min(int(samples.lengths()[index]) - 1, seq_len)
+            if used + width > seq_len:
+                self.packs.append([])
+                used = 0
+            self.packs[-1].append(index)
+            used += width
+
+    def __len__(self) -> int:
+        return len(self.packs)
+
+    def __getitem__(self, index: int) -> Batch:
+        inputs = torch.zeros(self.seq_len, dtype=torch.long)
+        targets = torch.full((self.seq_len,), IGNORE, dtype=torch.long)
+        positions = torch.arange(self.seq_len)
+        used = 0
+        for sample in self.packs[index]:
+            start = int(self.samples.starts[sample])
+            end = min(int(self.samples.starts[sample + 1]), start + self.seq_len + 1)
+            ids = torch.from_numpy(self.samples.ids[start:end].astype(np.int64))
+            counted = torch.from_numpy(self.samples.loss[start + 1:end])
+            span = slice(used, used + len(ids) - 1)
+            inputs[span] = ids[:-1]
+            targets[span] = ids[1:].masked_fill(~counted, IGNORE)
+            positions[span] = torch.arange(len(ids) - 1)
+            used += len(ids) - 1
+        positions[used:] = torch.arange(self.seq_len - used)
+        return inputs, targets, positions
+
+
+def instruction_datasets(cfg: TrainConfig, samples: Samples) -> tuple[Dataset[Batch],
+                                                                      Dataset[Batch]]:
+    """The last ``--val-fraction`` of the samples (at least one) for evaluation, the rest for
+    training. ``--batching pack``: :class:`PackedDataset`; ``pad``: :class:`InstructionDataset`,
+    batches cut to their longest sample except under a pipeline (``--pp`` > 1), and to a
+    multiple of ``--tp`` under sequence parallelism."""
+    n_val = max(1, math.ceil(len(samples) * cfg.val_fraction))
+    split = len(samples) - n_val
+    parts = range(0, split), range(split, len(samples))
+    if cfg.batching == "pack":
+        return tuple(PackedDataset(samples, part, cfg.seq_len) for part in parts)
+    multiple = 0 if cfg.pp > 1 else (cfg.tp if cfg.sequence_parallel else 1)
+    return tuple(InstructionDataset(samples, part, cfg.seq_len, multiple) for part in parts)
+
+
 def build_datasets(cfg: TrainConfig, env: DistEnv) -> tuple[Dataset[Batch], Dataset[Batch]]:
     """The training and validation datasets that ``cfg.data`` names (a text source is
-    tokenized first, see :func:`tokenized_text`)."""
+    tokenized first, see :func:`tokenized_text` and :func:`tokenized_samples`)."""
     vocab = model_vocab(cfg)
     if data_kind(cfg) == SYNTHETIC:
         return (MarkovChainDataset(vocab, cfg.seq_len, cfg.train_samples, cfg.seed),
                 MarkovChainDataset(vocab, cfg.seq_len, cfg.val_samples, cfg.seed + 1))
+    if data_kind(cfg) == TEXT and instruction_source(cfg) is not None:
+        return instruction_datasets(cfg, tokenized_samples(cfg, env))
     array = tokenized_text(cfg, env) if data_kind(cfg) == TEXT else token_array(cfg)
     check_token_array(array, cfg.seq_len, vocab)
     return (TokenFileDataset(array, cfg.seq_len, "train", cfg.val_fraction),
@@ -153,15 +270,56 @@ def tokenized_text(cfg: TrainConfig, env: DistEnv) -> TokenArray:
     return read_header(cache)
 
 
-class _ResumableSampler(DistributedSampler):
-    """A DistributedSampler that skips the first ``start`` indices of this rank's epoch."""
+def tokenized_samples(cfg: TrainConfig, env: DistEnv) -> Samples:
+    """The cached samples of instruction ``--data``, written if missing as
+    :func:`tokenized_text` writes a token file, and checked against ``--seq-len``."""
+    files, tokenizer, fmt, cache = instruction_source(cfg)
+    writer = env.rank == 0 if is_remote(cache) else env.local_rank == 0
+    if writer and not cache.is_file():
+        write_samples(cache, tokenize_samples(files, fmt, cfg, tokenizer))
+    if dist.is_initialized():
+        dist.barrier()
+    samples = read_samples(cache)
+    check_samples(samples, cfg.seq_len, str(cache))
+    return samples
 
-    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+
+BUCKET_BATCHES = 16  # global batches whose samples are sorted by length together
+
+
+def length_buckets(lengths: np.ndarray, group: int, generator: torch.Generator) -> list[int]:
+    """A shuffled order of ``len(lengths)`` samples in which every ``group`` consecutive ones
+    (a global batch) have similar lengths: the shuffled samples are sorted by length in
+    windows of :data:`BUCKET_BATCHES` groups and cut into groups, and the full groups are
+    shuffled (a last, shorter one stays last). The order does not depend on how the groups
+    are split over ranks."""
+    order = torch.randperm(len(lengths), generator=generator)
+    sizes = torch.as_tensor(lengths)
+    groups: list[torch.Tensor] = []
+    for window in order.split(group * BUCKET_BATCHES):
+        groups += window[sizes[window].argsort(stable=True)].split(group)
+    full = [g for g in groups if len(g) == group]
+    shuffled = [full[i] for i in torch.randperm(len(full), generator=generator)]
+    return torch.cat(shuffled + [g for g in groups if len(g) < group]).tolist()
+
+
+class _ResumableSampler(DistributedSampler):
+    """A DistributedSampler that skips the first ``start`` indices of this rank's epoch; with
+    ``lengths``, its epoch's order is :func:`length_buckets` of global batches of ``group``."""
+
+    def __init__(self, *args, lengths: np.ndarray | None = None, group: int = 0,
+                 **kwargs) -> None:  # noqa: ANN002, ANN003
         super().__init__(*args, **kwargs)
         self.start = 0
+        self.lengths, self.group = lengths, group
 
     def __iter__(self) -> Iterator[int]:
-        return itertools.islice(super().__iter__(), self.start, None)
+        if self.lengths is None:
+            return itertools.islice(super().__iter__(), self.start, None)
+        order = length_buckets(self.lengths, self.group,
+                               torch.Generator().manual_seed(self.seed + self.epoch))
+        mine = order[:self.total_size][self.rank:self.total_size:self.num_replicas]
+        return itertools.islice(mine, self.start, None)
 
     def __len__(self) -> int:
         return self.num_samples - self.start
@@ -179,9 +337,12 @@ class BatchStream:
 
     def __init__(self, dataset: Dataset[Batch], micro_batch: int, dp_rank: int, dp_size: int,
                  seed: int, num_workers: int = 0, prefetch_factor: int = 2,
-                 pin_memory: bool = False) -> None:
-        self.sampler = _ResumableSampler(dataset, num_replicas=dp_size, rank=dp_rank,
-                                         shuffle=True, seed=seed, drop_last=True)
+                 pin_memory: bool = False, global_batch: int = 0) -> None:
+        instructions = isinstance(dataset, InstructionDataset)
+        self.sampler = _ResumableSampler(
+            dataset, num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=seed,
+            drop_last=True, lengths=dataset.lengths if instructions else None,
+            group=global_batch or micro_batch * dp_size)
         if self.sampler.num_samples < micro_batch:
             raise ConfigError(f"the dataset gives each of {dp_size} ranks fewer than "
                               f"{micro_batch} sequences; use more data or a smaller batch")
@@ -189,6 +350,7 @@ class BatchStream:
         # state (dropout) a checkpoint restores.
         self.loader = DataLoader(
             dataset, batch_size=micro_batch, sampler=self.sampler, drop_last=True,
+            collate_fn=dataset.collate if instructions else None,
             generator=torch.Generator().manual_seed(seed),
             num_workers=num_workers, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor if num_workers else None,
@@ -247,6 +409,8 @@ def eval_batches(dataset: Dataset[Batch], micro_batch: int, dp_rank: int, dp_siz
     if sampler.num_samples == 0:
         raise ConfigError(f"the validation set ({len(dataset)} sequences) leaves some of "
                           f"{dp_size} ranks none; raise --val-fraction or use more data")
-    loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler)
+    loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler,
+                        collate_fn=dataset.collate if isinstance(dataset, InstructionDataset)
+                        else None)
     batches = list(itertools.islice(loader, count))
     return batches

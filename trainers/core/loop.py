@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from trainers.core.checkpoint import Checkpointer
 from trainers.core.checkpoint_state import ModelAndOptimizer, Progress, RankRNG
-from trainers.core.data import BatchStream, build_datasets, eval_batches
+from trainers.core.data import BatchStream, InstructionDataset, build_datasets, eval_batches
 from trainers.core.distributed import DistEnv
 from trainers.core.metrics import (
     MetricsWriter,
@@ -125,7 +125,8 @@ def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     train_set, val_set = build_datasets(cfg, env)
     micro = cfg.micro_batch(strategy.dp_size)
     stream = BatchStream(train_set, micro, strategy.dp_rank, strategy.dp_size, cfg.seed,
-                         cfg.num_workers, cfg.prefetch_factor, env.device.type == "cuda")
+                         cfg.num_workers, cfg.prefetch_factor, env.device.type == "cuda",
+                         global_batch=cfg.batch_size)
     val = (eval_batches(val_set, micro, strategy.dp_rank, strategy.dp_size, cfg.eval_batches)
            if cfg.eval_every else [])
     optimizer = build_optimizer(strategy.model, cfg)
@@ -167,10 +168,9 @@ def train_step(run: Run, step: int, schedule_steps: int) -> dict[str, float]:
     micro_batches = []
     for _ in range(cfg.grad_accum):
         fetch_start = time.perf_counter()
-        inputs, targets = next(run.stream)
+        batch = next(run.stream)
         data_time += time.perf_counter() - fetch_start
-        micro_batches.append((inputs.to(run.env.device, non_blocking=True),
-                              targets.to(run.env.device, non_blocking=True)))
+        micro_batches.append(tuple(t.to(run.env.device, non_blocking=True) for t in batch))
     optimizer.zero_grad(set_to_none=True)
     loss = strategy.forward_backward(micro_batches, run.autocast)
     grad_norm = strategy.clip_grad_norm(cfg.grad_clip)
@@ -180,7 +180,12 @@ def train_step(run: Run, step: int, schedule_steps: int) -> dict[str, float]:
     optimizer.step()
     metrics = {"loss": strategy.mean_over_replicas(loss), "grad_norm": grad_norm, "lr": lr}
     elapsed = time.perf_counter() - step_start
-    metrics.update(run.throughput.of_step(elapsed),
+    tokens = sum(batch[0].numel() for batch in micro_batches)
+    if isinstance(run.train_set, InstructionDataset):  # batches cut to their samples
+        tokens = strategy.mean_over_replicas(torch.tensor(float(tokens))) * strategy.dp_size
+    else:
+        tokens *= strategy.dp_size
+    metrics.update(run.throughput.of_step(elapsed, tokens),
                    peak_memory_bytes=float(peak_memory_bytes(run.env.device)),
                    data_share=data_time / elapsed)
     if run.val and (step % cfg.eval_every == 0 or step == cfg.steps):

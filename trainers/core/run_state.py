@@ -50,9 +50,8 @@ class RunFacts:
 
 @dataclass(frozen=True)
 class Throughput:
-    """What turns a step's time into tokens/s and MFU."""
+    """What turns a step's time and tokens into tokens/s and MFU."""
 
-    tokens_per_step: int
     # MFU = tokens/s x model FLOPs per token / (peak FLOP/s per device x devices)
     mfu_per_token_per_s: float
 
@@ -67,13 +66,14 @@ class Throughput:
                 "AVX512-BF16 or an Ampere GPU): bf16 is converted in software and slower "
                 "than fp32; --dtype fp32 trains faster here")
         peak_flops = cfg.peak_tflops * 1e12 or measure_peak_flops(env.device, compute_dtype)
-        return cls(cfg.batch_size * cfg.seq_len,
-                   shape.flops_per_token(cfg.seq_len) / (peak_flops * env.world_size))
+        return cls(shape.flops_per_token(cfg.seq_len) / (peak_flops * env.world_size))
 
-    def of_step(self, seconds: float) -> dict[str, float]:
-        """``step_time_s``, ``tokens_per_s`` and ``mfu`` of a step that took ``seconds``."""
-        return {"step_time_s": seconds, "tokens_per_s": self.tokens_per_step / seconds,
-                "mfu": self.tokens_per_step / seconds * self.mfu_per_token_per_s}
+    def of_step(self, seconds: float, tokens: float) -> dict[str, float]:
+        """``step_time_s``, ``tokens_per_s`` and ``mfu`` of a step that took ``seconds`` and
+        computed ``tokens`` input tokens over all replicas (padding a batch was cut to
+        included)."""
+        return {"step_time_s": seconds, "tokens_per_s": tokens / seconds,
+                "mfu": tokens / seconds * self.mfu_per_token_per_s}
 
 
 @dataclass
@@ -134,14 +134,15 @@ def resume_notes(saved: dict[str, Any], cfg: TrainConfig, start_step: int,
 
 
 def summarize(run: Run, state: RunState, wall_time: float) -> dict[str, Any]:
-    """Final figures; throughput and MFU from the mean step time after 3 warm-up steps of this
-    attempt; the first loss is the run's (its first attempt's, when resumed)."""
+    """Final figures; throughput and MFU from the tokens and time of the steps after 3 warm-up
+    steps of this attempt; the first loss is the run's (its first attempt's, when resumed)."""
     cfg, history = run.cfg, state.history
     if not history:
         return {"steps": state.start_step, "note": "already complete"}
     timed = history[3:] or history
     step_time = sum(m["step_time_s"] for m in timed) / len(timed)
-    tokens_per_s = run.throughput.tokens_per_step / step_time
+    tokens_per_s = sum(m["tokens_per_s"] * m["step_time_s"] for m in timed) / (
+        step_time * len(timed))
     summary: dict[str, Any] = {
         "model": cfg.model, "params": run.params,
         "world_size": run.env.world_size,

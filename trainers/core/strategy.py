@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from trainers.core.data import Batch
-from trainers.core.loss import cross_entropy
+from trainers.core.loss import counted_tokens, cross_entropy
 
 
 class Strategy:
@@ -44,36 +44,51 @@ class Strategy:
         """The compute-dtype context of forward passes: bf16 autocast when asked for."""
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
-    def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy of one micro-batch."""
-        return cross_entropy(self.model(inputs), targets)
+    def loss(self, batch: Batch, normalizer: torch.Tensor) -> torch.Tensor:
+        """Summed next-token cross-entropy of one micro-batch's counted targets over
+        ``normalizer`` (:func:`trainers.core.loss.cross_entropy`); packed samples' positions
+        go to the model."""
+        inputs, targets, *positions = batch
+        return cross_entropy(self.model(inputs, *positions), targets, normalizer)
+
+    def normalizer(self, batches: Sequence[Batch]) -> torch.Tensor:
+        """The counted targets of ``batches`` summed over the data-parallel replicas, per
+        replica: each replica dividing its loss sums by it, the replicas' mean (DDP's and
+        FSDP's gradient average) is the mean over every counted token of the global batch,
+        however prompts and padding fall on micro-batches and ranks."""
+        count = sum(counted_tokens(batch[1]) for batch in batches).to(batches[0][0].device)
+        if self.dp_size > 1:
+            dist.all_reduce(count, group=self.dp_group)
+        return count.clamp_min(1) / self.dp_size
 
     def forward_backward(self, micro_batches: Sequence[Batch],
                          autocast: contextlib.AbstractContextManager[None]) -> torch.Tensor:
-        """Accumulate gradients of the step's mean loss; return that loss (local, detached).
-
-        Each micro-batch loss is scaled by 1/N; gradients synchronise only on the last one.
-        """
+        """Accumulate gradients of the step's loss (:meth:`normalizer`); return this replica's
+        share of it (local, detached: :meth:`mean_over_replicas` of it is the step's loss).
+        Gradients synchronise only on the last micro-batch."""
+        normalizer = self.normalizer(micro_batches)
         total = torch.zeros((), device=micro_batches[0][0].device)
         count = len(micro_batches)
-        for index, (inputs, targets) in enumerate(micro_batches):
+        for index, batch in enumerate(micro_batches):
             sync = contextlib.nullcontext() if index == count - 1 else self.no_sync()
             with sync:
                 with autocast:
-                    loss = self.loss(inputs, targets)
-                (loss / count).backward()
+                    loss = self.loss(batch, normalizer)
+                loss.backward()
             total += loss.detach()
-        return total / count
+        return total
 
     @torch.no_grad()
     def eval_loss(self, batches: Sequence[Batch],
                   autocast: contextlib.AbstractContextManager[None]) -> torch.Tensor:
-        """Mean loss over ``batches`` (local) in eval mode."""
+        """This replica's share of the loss over ``batches`` in eval mode (as
+        :meth:`forward_backward`'s)."""
+        normalizer = self.normalizer(batches)
         self.model.eval()
         with autocast:
-            losses = [self.loss(inputs, targets) for inputs, targets in batches]
+            losses = [self.loss(batch, normalizer) for batch in batches]
         self.model.train()
-        return torch.stack(losses).mean()
+        return torch.stack(losses).sum()
 
     def norm_grads(self) -> list[torch.Tensor]:
         """The gradients whose norm is the model's: each parameter counted once."""

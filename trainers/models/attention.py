@@ -69,6 +69,24 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
 
 
+def document_mask(positions: torch.Tensor) -> torch.Tensor:
+    """``(batch, 1, seq, seq)``, True where a query may see a key, for packed samples whose
+    ``positions`` ``(batch, seq)`` restart at 0 where each sample starts: causal, and only
+    within the query's own sample."""
+    document = (positions == 0).cumsum(dim=1)
+    seq = positions.shape[1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=positions.device).tril()
+    return (causal & (document[:, :, None] == document[:, None, :]))[:, None]
+
+
+def packed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                dropout_p: float = 0.0) -> torch.Tensor:
+    """:func:`sdpa` of packed samples: no query sees a key of another sample
+    (:func:`document_mask`). The only implementation packed samples run on."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(positions),
+                                          dropout_p=dropout_p)
+
+
 def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The textbook formula with the whole ``(seq, seq)`` score matrix materialised.
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.models.attention import attention_fn, sdpa
+from trainers.models.attention import attention_fn, packed_sdpa, sdpa
 from trainers.models.common import block_tp_plan, scaled_init
 from trainers.models.protocol import ModelSpec
 from trainers.models.registry import register_family
@@ -45,13 +45,16 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         # -1 heads: the local head count, which is n_heads / tp under tensor parallelism.
         q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
                    for w in (self.wq, self.wk, self.wv))
-        if self.training and self.dropout > 0:  # sdpa, checked in __init__
-            out = sdpa(q, k, v, dropout_p=self.dropout)
+        dropout = self.dropout if self.training else 0.0
+        if positions is not None:  # packed samples: sdpa, checked by the config
+            out = packed_sdpa(q, k, v, positions, dropout_p=dropout)
+        elif dropout > 0:  # sdpa, checked in __init__
+            out = sdpa(q, k, v, dropout_p=dropout)
         else:
             out = self.attend(q, k, v)
         out = out.transpose(1, 2).reshape(batch, seq, -1)
@@ -77,13 +80,15 @@ class Block(nn.Module):
         self.mlp_norm = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), positions=positions)
         return x + self.mlp(self.mlp_norm(x))
 
 
 class Transformer(nn.Module):
-    """Token ids ``(batch, seq)`` -> logits ``(batch, seq, vocab)``.
+    """Token ids ``(batch, seq)`` -> logits ``(batch, seq, vocab)``; with ``positions``
+    ``(batch, seq)``, packed samples (positions restart at 0 where a sample starts: its
+    position embeddings, and attention within the sample).
 
     A part of the model (a pipeline stage) is this module with some blocks deleted and the
     embeddings (``tok_emb``, ``pos_emb``, ``emb_dropout``) or the output (``norm``, ``head``)
@@ -104,12 +109,12 @@ class Transformer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         if self.tok_emb is not None:
-            positions = torch.arange(x.shape[1], device=x.device)
-            x = self.emb_dropout(self.tok_emb(x) + self.pos_emb(positions))
+            where = torch.arange(x.shape[1], device=x.device) if positions is None else positions
+            x = self.emb_dropout(self.tok_emb(x) + self.pos_emb(where))
         for block in self.blocks.values():
-            x = block(x)
+            x = block(x, positions=positions)
         return x if self.head is None else self.head(self.norm(x))
 
 

@@ -37,14 +37,18 @@ from trainers.torchfree.storage import RunPath, is_remote
 
 
 class CausalLM(nn.Module):
-    """A Hugging Face causal LM as the trainers call models: ids ``(batch, seq)`` -> logits."""
+    """A Hugging Face causal LM as the trainers call models: ids ``(batch, seq)`` -> logits;
+    packed samples' ``positions`` go in as ``position_ids``, from which transformers masks
+    attention to each sample (its packed-sequence detection: a position that does not follow
+    the one before starts a sample)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=tokens, use_cache=False).logits
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        return self.model(input_ids=tokens, position_ids=positions, use_cache=False).logits
 
 
 def _transformers():

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.models.attention import attention_fn, sdpa
+from trainers.models.attention import attention_fn, packed_sdpa, sdpa
 from trainers.models.common import block_tp_plan, scaled_init
 from trainers.models.protocol import ModelSpec
 from trainers.models.registry import register_family
@@ -56,16 +56,21 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, kv, bias=False)
         self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
                    for w in (self.wq, self.wk, self.wv))
         cos, sin = rotary_tables(self.head_dim, seq, self.rope_theta, q.device)
+        if positions is not None:  # each packed sample rotated from its own position 0
+            cos, sin = cos[positions][:, None], sin[positions][:, None]
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         group = q.shape[1] // k.shape[1]  # query heads per key/value head (on this rank)
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        if self.training and self.dropout > 0:  # sdpa, checked in __init__
-            out = sdpa(q, k, v, dropout_p=self.dropout)
+        dropout = self.dropout if self.training else 0.0
+        if positions is not None:  # packed samples: sdpa, checked by the config
+            out = packed_sdpa(q, k, v, positions, dropout_p=dropout)
+        elif dropout > 0:  # sdpa, checked in __init__
+            out = sdpa(q, k, v, dropout_p=dropout)
         else:
             out = self.attend(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
@@ -93,13 +98,15 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.dropout(self.attn(self.attn_norm(x)))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.dropout(self.attn(self.attn_norm(x), positions=positions))
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
 
 
 class Llama(nn.Module):
-    """Token ids ``(batch, seq)`` -> logits ``(batch, seq, vocab)``.
+    """Token ids ``(batch, seq)`` -> logits ``(batch, seq, vocab)``; with ``positions``
+    ``(batch, seq)``, packed samples (rotary positions restart at 0 where a sample starts, and
+    attention stays within the sample).
 
     A pipeline stage is this module with some blocks deleted and ``tok_emb`` or the output
     (``norm``, ``head``) set to None; its forward then takes or returns hidden states.
@@ -115,11 +122,11 @@ class Llama(nn.Module):
         if cfg.tied_head:
             self.head.weight = self.tok_emb.weight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         if self.tok_emb is not None:
             x = self.tok_emb(x)
         for block in self.blocks.values():
-            x = block(x)
+            x = block(x, positions=positions)
         return x if self.head is None else self.head(self.norm(x))
 
 

@@ -126,8 +126,11 @@ class PipelineStrategy(Strategy):
         self.steps_recorded = 0
         schedule_class = SCHEDULES[cfg.schedule]
         stages = self.stages if cfg.virtual_stages > 1 else self.stages[0]
+        # Each micro-batch's loss sum is divided by the step's shared normalizer
+        # (Strategy.normalizer), so the schedule must not average them again.
         self.schedule = schedule_class(stages, n_microbatches=cfg.microbatches,
-                                       loss_fn=cross_entropy)
+                                       loss_fn=self._micro_batch_loss, scale_grads=False)
+        self._normalizer = torch.ones(())
         self.last_rank = dist.get_global_rank(self.pp_group, (num_stages - 1) % pp)
         self.holds_last = (num_stages - 1) in indices
         shared = spec.shared_parameters
@@ -146,8 +149,12 @@ class PipelineStrategy(Strategy):
         """No autocast on FSDP stages: FSDP's MixedPrecisionPolicy casts parameters for bf16."""
         return contextlib.nullcontext() if self.sharded else super().autocast(dtype, device)
 
+    def _micro_batch_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(logits, targets, self._normalizer)
+
     def forward_backward(self, micro_batches: Sequence[Batch], autocast) -> torch.Tensor:
         """One schedule step over the whole local batch (its micro-batches concatenated)."""
+        self._normalizer = self.normalizer(micro_batches)
         inputs = torch.cat([b[0] for b in micro_batches])
         targets = torch.cat([b[1] for b in micro_batches])
         losses: list[torch.Tensor] = []
@@ -170,6 +177,7 @@ class PipelineStrategy(Strategy):
     @torch.no_grad()
     def eval_loss(self, batches: Sequence[Batch], autocast) -> torch.Tensor:
         total = torch.zeros((), device=batches[0][0].device)
+        self._normalizer = self.normalizer(batches)
         self.model.eval()
         for inputs, targets in batches:
             losses: list[torch.Tensor] = []
@@ -177,11 +185,12 @@ class PipelineStrategy(Strategy):
                 self.schedule.eval(inputs, target=targets, losses=losses)
             total += self._broadcast_loss(losses, inputs.device)
         self.model.train()
-        return total / len(batches)
+        return total
 
     def _broadcast_loss(self, losses: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-        """The mean micro-batch loss, from the last stage to every rank of the pipeline."""
-        loss = (torch.stack([x.detach().float() for x in losses]).mean() if self.holds_last
+        """The micro-batches' losses summed, from the last stage to every rank of the
+        pipeline."""
+        loss = (torch.stack([x.detach().float() for x in losses]).sum() if self.holds_last
                 else torch.zeros((), device=device))
         dist.broadcast(loss, src=self.last_rank, group=self.pp_group)
         return loss

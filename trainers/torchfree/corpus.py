@@ -137,34 +137,55 @@ def _txt_pieces(path: RunPath) -> Iterator[Piece]:
             block = following
 
 
-def _jsonl_texts(path: RunPath, text_field: str) -> Iterator[str]:
+def records(path: RunPath) -> Iterator[tuple[int, Any]]:
+    """``(number, record)`` of each record of a .jsonl (its line number; blank lines skipped)
+    or .parquet file (its row number from 1; every column, read with pyarrow); ConfigError
+    naming the line for one that is not JSON."""
+    if path.suffix == ".parquet":
+        number = 0
+        for batch in _parquet_file(path).iter_batches():
+            for row in batch.to_pylist():
+                number += 1
+                yield number, row
+        return
     with path.open("r", encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                yield number, json.loads(line)
             except json.JSONDecodeError:
                 raise ConfigError(f"{path}:{number}: not a JSON object; fix the line or drop "
                                   "it (a .jsonl file holds one object a line)") from None
-            text = record.get(text_field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise ConfigError(f"{path}:{number}: no string field {text_field!r}; pass the "
-                                  "--text-field that holds the text, or fix the line")
-            yield text
+
+
+def _jsonl_texts(path: RunPath, text_field: str) -> Iterator[str]:
+    for number, record in records(path):
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise ConfigError(f"{path}:{number}: no string field {text_field!r}; pass the "
+                              "--text-field that holds the text, or fix the line")
+        yield text
+
+
+def _parquet_file(path: RunPath) -> Any:
+    """``path`` opened with pyarrow's ParquetFile; ConfigError if it does not read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return (pq.ParquetFile(path.path, filesystem=path.fs) if is_remote(path)
+                else pq.ParquetFile(path))
+    except (pa.ArrowException, OSError) as err:
+        raise ConfigError(f"{path}: not a readable Parquet file ({err}); pass a Parquet "
+                          "file written by pyarrow, pandas or datasets") from None
 
 
 def _parquet_column(path: RunPath, text_field: str) -> Any:
     """``path`` opened with pyarrow, checked to hold string column ``text_field``."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    try:
-        parquet = (pq.ParquetFile(path.path, filesystem=path.fs) if is_remote(path)
-                   else pq.ParquetFile(path))
-    except (pa.ArrowException, OSError) as err:
-        raise ConfigError(f"{path}: not a readable Parquet file ({err}); pass a Parquet "
-                          "file written by pyarrow, pandas or datasets") from None
+    parquet = _parquet_file(path)
     schema = parquet.schema_arrow
     if text_field not in schema.names or not (pa.types.is_string(schema.field(text_field).type)
                                               or pa.types.is_large_string(

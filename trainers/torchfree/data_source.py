@@ -7,7 +7,9 @@
 - text: a plain-text (``.txt``, ``.md``, ``.py``), ``.jsonl`` or ``.parquet`` file, a directory
   or a glob of them, tokenized with ``--tokenizer`` once into a token file cached under
   ``<output-dir>/data/``, named by a hash of the files' paths, sizes and modification times
-  (objects: URLs, sizes, ETags and modification times), the tokenizer and ``--text-field``.
+  (objects: URLs, sizes, ETags and modification times), the tokenizer and ``--text-field``;
+  or, when its records are instruction or chat samples (``--data-format``), into a cache of
+  samples (:mod:`trainers.torchfree.instruction_data`).
 
 Each may be a local path or an object-store URL (``s3://...``, through
 :func:`trainers.torchfree.storage.location`), and so may ``--output-dir`` that holds the cache.
@@ -26,6 +28,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from trainers.torchfree import instruction_data as samples
 from trainers.torchfree.corpus import FIELD_SUFFIXES, check_corpus, resolve_files
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.storage import RunPath, is_remote, location
@@ -79,6 +82,12 @@ def check_data_options(cfg: TrainConfig) -> None:
     if cfg.text_field != DEFAULT_TEXT_FIELD and kind != TEXT:
         raise ConfigError(f"--text-field applies only to text --data (.jsonl or .parquet files), "
                           f"not {given_data}; drop --text-field")
+    if cfg.batching != "pad" and kind != TEXT:
+        raise ConfigError(f"--batching applies only to instruction and chat --data (.jsonl or "
+                          f".parquet samples), not {given_data}; drop --batching")
+    if cfg.data_format != "auto" and kind != TEXT:
+        raise ConfigError(f"--data-format applies only to text --data (.txt, .jsonl or "
+                          f".parquet files), not {given_data}; drop --data-format")
 
 
 def text_source(cfg: TrainConfig) -> tuple[list[RunPath], TextTokenizer, RunPath]:
@@ -90,6 +99,20 @@ def text_source(cfg: TrainConfig) -> tuple[list[RunPath], TextTokenizer, RunPath
                           f"{cfg.data} holds none; drop --text-field")
     tokenizer = load_tokenizer(cfg.tokenizer)
     return files, tokenizer, cache_path(cfg.output_dir, files, tokenizer, cfg.text_field)
+
+
+def instruction_source(cfg: TrainConfig) -> tuple[list[RunPath], TextTokenizer, str,
+                                                  RunPath] | None:
+    """A text ``--data`` of instruction or chat samples: its files, tokenizer, format and
+    the samples' cache; None when it is read as plain text. ConfigError for an option its
+    format does not read."""
+    files, tokenizer, _ = text_source(cfg)
+    fmt = samples.data_format(cfg, files)
+    samples.check_format_options(cfg, fmt)
+    samples.check_batching(cfg, fmt)
+    if fmt == samples.TEXT:
+        return None
+    return files, tokenizer, fmt, samples.cache_path(cfg.output_dir, files, tokenizer, fmt, cfg)
 
 
 def cache_path(output_dir: str, files: Sequence[RunPath], tokenizer: TextTokenizer,
@@ -122,6 +145,14 @@ def check_data(cfg: TrainConfig, model_vocab: int) -> None:
     if kind == RAW and cfg.vocab_size > model_vocab:
         raise ConfigError(f"--vocab-size {cfg.vocab_size} exceeds the model's vocabulary of "
                           f"{model_vocab}; pick a model with a larger vocabulary")
+    if kind == TEXT and (instructions := instruction_source(cfg)) is not None:
+        files, tokenizer, fmt, cache = instructions
+        check_tokenizer_fits(tokenizer, model_vocab)
+        if cache.is_file():
+            samples.check_samples(samples.read_samples(cache), cfg.seq_len, str(cache))
+        else:
+            samples.tokenize_samples(files, fmt, cfg, tokenizer)
+        return
     if kind == TEXT:
         files, tokenizer, cache = text_source(cfg)
         check_tokenizer_fits(tokenizer, model_vocab)

@@ -48,6 +48,23 @@ class TrainConfig:
                           "path of a Hugging Face tokenizer.json")
     text_field: str = _opt("text", "text --data: the .jsonl field or .parquet column holding "
                            "each document's text")
+    data_format: str = _opt("auto", "text --data: 'text' (every token in the loss), "
+                            "'prompt_completion' or 'chat' (only completion or assistant tokens "
+                            "in the loss; docs/finetuning.md); auto: chat if the records have "
+                            "--messages-field, prompt_completion if they have --prompt-field, "
+                            "else text", choices=["auto", "text", "prompt_completion", "chat"])
+    messages_field: str = _opt("messages", "chat --data: the field holding each sample's "
+                               "list of {role, content} turns")
+    prompt_field: str = _opt("prompt", "prompt_completion --data: the prompt's field")
+    completion_field: str = _opt("completion", "prompt_completion --data: the completion's "
+                                 "field")
+    chat_template: str = _opt("", "chat --data: a Jinja chat template file (default: the "
+                              "tokenizer's own chat_template, else the built-in one in "
+                              "docs/finetuning.md)")
+    batching: str = _opt("pad", "instruction and chat --data: 'pad' (one sample a sequence, "
+                         "batches of similar lengths cut to their longest) or 'pack' (samples "
+                         "packed into --seq-len, attention kept within each; built-in and hf: "
+                         "models, sdpa attention)", choices=["pad", "pack"])
     train_samples: int = _opt(8192, "sequences in the synthetic training set")
     val_samples: int = _opt(512, "sequences in the synthetic validation set")
     val_fraction: float = _opt(0.05, "share of the tokens of any --data but synthetic held "
