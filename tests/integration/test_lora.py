@@ -42,6 +42,18 @@ def test_a_resumed_run_repeats_the_uninterrupted_one(gpt_run, tmp_path):
     assert losses(tmp_path) == {s: v for s, v in losses(gpt_run).items() if s > 4}
 
 
+def test_resuming_with_other_adapters_is_one_line(gpt_run, tmp_path):
+    checkpoint = gpt_run / "checkpoints" / "step_00000004"
+    proc = run_trainer([*LORA, "--lora-targets", "wq,wv", "--output-dir", str(tmp_path),
+                        "--resume", str(checkpoint)], check=False)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"trainers.ddp: error: --resume {checkpoint}: it holds adapters of "
+                           "--lora-rank 4 on --lora-targets '' but this run asks for adapters "
+                           "of --lora-rank 4 on --lora-targets 'wq,wv'; pass the checkpoint's "
+                           "LoRA options, or --resume none (or another --output-dir) to start "
+                           "anew\n")
+
+
 def _logits(model: torch.nn.Module) -> torch.Tensor:
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -103,8 +115,8 @@ def test_merge_of_a_full_run_and_targets_matching_nothing_are_one_line(gpt_run, 
     proc = run_trainer([*LORA, "--lora-targets", "wq,nope", "--output-dir", str(tmp_path)],
                        check=False)
     assert proc.returncode == 2
-    assert proc.stderr == ("trainers.ddp: error: --lora-targets nope matches no linear layer of the "
-                           "model; pass some of down,head,up,wk,wo,wq,wv\n")
+    assert proc.stderr == ("trainers.ddp: error: --lora-targets nope matches no linear layer "
+                           "of the model; pass some of down,head,up,wk,wo,wq,wv\n")
     assert not (tmp_path / "config.json").exists()
     full = tmp_path / "full"
     run_trainer([*TINY, "--steps", "1", "--output-dir", str(full)])

@@ -149,6 +149,24 @@ def spec_of(cfg: TrainConfig) -> ModelSpec:
     return run_spec(cfg.to_dict())
 
 
+def _adapters_asked(options: Mapping[str, Any]) -> str:
+    """The adapters a run's options ask for, in words."""
+    if not options.get("lora_rank", 0):
+        return "no adapters (every parameter trained)"
+    return (f"adapters of --lora-rank {options['lora_rank']} on --lora-targets "
+            f"'{options['lora_targets']}'")
+
+
+def check_resumable(saved: Mapping[str, Any], options: Mapping[str, Any],
+                    checkpoint: str) -> None:
+    """ConfigError unless a run of ``options`` can resume ``checkpoint``, saved by a run of
+    ``saved``: the same adapters (rank and targets; alpha and dropout may change) or none."""
+    if _adapters_asked(saved) != _adapters_asked(options):
+        raise ConfigError(f"--resume {checkpoint}: it holds {_adapters_asked(saved)} but this "
+                          f"run asks for {_adapters_asked(options)}; pass the checkpoint's LoRA "
+                          "options, or --resume none (or another --output-dir) to start anew")
+
+
 def adapters(model: nn.Module) -> dict[str, LoRALinear]:
     """The adapted layers of ``model`` by path."""
     return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
