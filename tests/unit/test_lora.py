@@ -24,17 +24,19 @@ def _adapted(name: str, targets: str = "", seed: int = 0) -> torch.nn.Module:
     return model.eval()
 
 
+CUSTOM = "examples.custom_model.conv_lm:SPEC"
+
+
 @pytest.mark.parametrize("name, expected", [
-    ("tiny", ("attn.wq", "attn.wk", "attn.wv")),
-    ("llama-tiny", ("attn.wq", "attn.wv")),
-    ("hf", ("self_attn.q_proj", "self_attn.v_proj")),
+    ("tiny", {"wq", "wk", "wv"}), ("llama-tiny", {"wq", "wv"}), ("hf", {"q_proj", "v_proj"}),
+    (CUSTOM, {"gate", "out"}),  # MODULE:ATTR: every linear layer in the blocks, not the head
 ])
 def test_each_family_has_a_default_set_of_targets(tmp_path, name, expected):
     model_name = f"hf:{tiny_llama_config(tmp_path)}" if name == "hf" else name
     spec = with_lora(resolve_spec(model_name), family_key(model_name), 4, 16.0, 0.0, "")
     paths = list(adapters(spec.meta_model()))
-    assert len(paths) == 4 * len(expected)  # every one of the 4 blocks
-    assert {p.split(".", 2 if name != "hf" else 4)[-1] for p in paths} == set(expected)
+    assert len(paths) == 4 * len(expected)  # in every one of the 4 blocks
+    assert {p.rpartition(".")[2] for p in paths} == expected
 
 
 def test_a_target_matching_no_layer_names_the_candidates():
@@ -70,28 +72,30 @@ def test_merging_computes_what_the_adapters_did():
         assert not torch.equal(model(tokens), before)  # merged: another computation
 
 
-def test_training_changes_only_the_adapters(tmp_path):
+@pytest.mark.parametrize("name, targets", [("tiny", "wq,wv,down"), (CUSTOM, "")])
+def test_training_changes_only_the_adapters(tmp_path, name, targets):
     """After 3 steps the base is bitwise the seed's, only adapters had gradients, and the
-    checkpoint holds only adapters and their optimizer state."""
+    checkpoint holds only adapters and their optimizer state (a built-in family, with its
+    tied head, and a MODULE:ATTR model)."""
     from trainers.core.distributed import init_distributed
     from trainers.core.loop import train
     from trainers.ddp import build
 
-    cfg = parse_config([*without(TINY, "--steps"), "--steps", "3", "--lora-rank", "4",
-                        "--lora-targets", "wq,wv,down", "--device", "cpu",
-                        "--output-dir", str(tmp_path)], "ddp")
+    lora = ["--lora-rank", "4"] + (["--lora-targets", targets] if targets else [])
+    cfg = parse_config([*without(TINY, "--steps", "--model"), "--model", name, "--steps", "3",
+                        *lora, "--device", "cpu", "--output-dir", str(tmp_path)], "ddp")
     spec = spec_of(cfg)
     with init_distributed(cfg) as env:
         strategy = build(cfg, env, spec)
         train(cfg, env, strategy, spec)
     model = strategy.model
-    fresh = build_model("tiny", seed=cfg.seed)
+    fresh = build_model(name, seed=cfg.seed)
     trained = {name for name, p in model.named_parameters() if p.grad is not None}
     assert trained == {name for name, p in model.named_parameters() if p.requires_grad}
     assert trained == {f"{path}.{ab}.weight" for path in adapters(model) for ab in
                        ("lora_A", "lora_B")}
-    for name, base in fresh.named_parameters():
-        assert torch.equal(model.get_parameter(name), base), name
+    for path, base in fresh.named_parameters():
+        assert torch.equal(model.get_parameter(path), base), path
     assert all(adapters(model)[p].lora_B.weight.abs().sum() > 0 for p in adapters(model))
     saved = FileSystemReader(str(find_checkpoints(tmp_path / "checkpoints")[0]))
     keys = saved.read_metadata().state_dict_metadata

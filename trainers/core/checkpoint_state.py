@@ -30,7 +30,9 @@ class ModelAndOptimizer(Stateful):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
-        # The state-dict names of frozen parameters, under every name (a tied head's too).
+        # The state-dict names of frozen parameters, under every name (a tied head's too):
+        # DCP's own ignore_frozen_params leaves a tied alias in. _get_fqns is DCP's mapping of
+        # a parameter's path to its state-dict names (wrapper prefixes removed).
         self.frozen = {fqn for name, p in model.named_parameters(remove_duplicate=False)
                        if not p.requires_grad for fqn in _get_fqns(model, name)}
         # Optimizer state and hyper-parameters keyed by parameter name: ranks holding different

@@ -49,7 +49,7 @@ class LoRALinear(nn.Linear):
     parameters (same names, so the base's weights, checkpoints and exports are unchanged)."""
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float) -> None:
-        nn.Module.__init__(self)
+        nn.Module.__init__(self)  # not nn.Linear's: it would make a weight of its own
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias
         device = base.weight.device
@@ -174,8 +174,8 @@ def adapters(model: nn.Module) -> dict[str, LoRALinear]:
 
 @torch.no_grad()
 def merge_adapters(model: nn.Module) -> None:
-    """Fold every adapter into its base weight (``W + B A * alpha / rank``) and zero ``B``, so
-    the model computes what it did with one matmul less to carry."""
+    """Fold every adapter into its base weight (``W + B A * alpha / rank``) and zero ``B``:
+    the model computes what it did, its base weights alone now holding the adapters."""
     for layer in adapters(model).values():
         layer.weight.add_(layer.delta())
         layer.lora_B.weight.zero_()
