@@ -71,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             from trainers.core.hf_export import (
                 CONVERTERS,
                 model_family,
+                peft_adapter,
                 write_adapter,
                 write_tokenizer,
             )
@@ -87,10 +88,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                               "every parameter; drop --merge")
         if args.merge:
             merge_adapters(model)
+        # Made before anything is written: an adapter without a counterpart is refused first.
+        adapter = peft_adapter(model, config, str(out)) if lora and not args.merge else None
         with _staged(out) as folder:
             convert(model, config, folder)
-            if lora and not args.merge:
-                write_adapter(model, config, folder, str(out))
+            if adapter is not None:
+                write_adapter(adapter, folder)
             write_tokenizer(config, folder,
                             config["seq_len"] or model_shape(config["model"]).max_seq_len)
     print(f"exported {run} ({config['model']}) to {out}")

@@ -6,14 +6,12 @@ activation checkpointing and ``--compile``, and model_parallel equal one process
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.support.runs import REPO, TINY, assert_close, child_env, losses, run_trainer
+from tests.support.runs import TINY, assert_close, losses, one_line_error, run_trainer
 from trainers import export, sample
 from trainers.core.run_model import load_run_model
 from trainers.models.huggingface import tiny_llama_config
@@ -110,22 +108,26 @@ def test_sampling_uses_the_adapter(gpt_run, capsys):
     assert capsys.readouterr().out.removesuffix("\n").encode() == bytes(ids)
 
 
-def test_merge_of_a_full_run_and_targets_matching_nothing_are_one_line(gpt_run, tmp_path):
-    """Before anything trains or is written: no config.json."""
+def test_the_refusals_are_one_line(tmp_path, capsys):
+    """Before anything trains or is written: targets matching no layer (no config.json), an
+    adapter export cannot place, --merge of a full run (no OUT)."""
     proc = run_trainer([*LORA, "--lora-targets", "wq,nope", "--output-dir", str(tmp_path)],
                        check=False)
     assert proc.returncode == 2
     assert proc.stderr == ("trainers.ddp: error: --lora-targets nope matches no linear layer "
                            "of the model; pass some of down,head,up,wk,wo,wq,wv\n")
     assert not (tmp_path / "config.json").exists()
+    head = tmp_path / "head"
+    run_trainer([*LORA, "--steps", "1", "--lora-targets", "wq,head", "--output-dir", str(head)])
+    assert one_line_error(capsys, export, str(head), str(tmp_path / "out")) == (
+        "trainers.export: error: the adapter on head has no counterpart in the exported gpt "
+        "model; train with --lora-targets of the blocks' layers\n")
     full = tmp_path / "full"
     run_trainer([*TINY, "--steps", "1", "--output-dir", str(full)])
-    proc = subprocess.run([sys.executable, "-m", "trainers.export", str(full),
-                           str(tmp_path / "out"), "--merge"], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True)
-    assert proc.returncode == 2
-    assert proc.stderr == (f"trainers.export: error: --merge folds a LoRA run's adapters in, but "
-                           f"{full} trained every parameter; drop --merge\n")
+    assert one_line_error(capsys, export, str(full), str(tmp_path / "out"), "--merge") == (
+        f"trainers.export: error: --merge folds a LoRA run's adapters in, but {full} trained "
+        "every parameter; drop --merge\n")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")

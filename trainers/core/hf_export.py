@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from trainers.models.lora import adapters
+from trainers.models.lora import LoRALinear, adapters
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.model_names import hf_directory, model_kind, model_shape
 from trainers.torchfree.storage import location
@@ -177,18 +177,21 @@ ADAPTER_PLACES: dict[str, tuple[Callable[[str], AdapterPlace | None], bool]] = {
 }
 
 
-def write_adapter(model: nn.Module, config: dict[str, Any], out: Path, base: str) -> None:
-    """The run's adapters in PEFT's format in ``out``: ``adapter_model.safetensors`` (keys
-    ``base_model.model.<module>.lora_A.weight``/``lora_B.weight``) and ``adapter_config.json``
-    (``base``: the base model's name or path). Adapters that share one exported module (GPT's
-    q, k, v in ``c_attn``) become one adapter of their summed rank, A stacked and B
-    block-diagonal, whose scale stays alpha / rank through PEFT's ``rank_pattern`` and
-    ``alpha_pattern``: the same function exactly. ConfigError for an adapted layer that has no
-    counterpart in the exported model."""
+# An adapter in PEFT's format: the tensors of adapter_model.safetensors, adapter_config.json.
+Adapter = tuple[dict[str, torch.Tensor], dict[str, Any]]
+
+
+def peft_adapter(model: nn.Module, config: dict[str, Any], base: str) -> Adapter:
+    """The run's adapters in PEFT's format: keys ``base_model.model.<module>.lora_A.weight``/
+    ``lora_B.weight`` and the config (``base``: the base model's name or path). Adapters that
+    share one exported module (GPT's q, k, v in ``c_attn``) become one adapter of their summed
+    rank, A stacked and B block-diagonal, whose scale stays alpha / rank through PEFT's
+    ``rank_pattern`` and ``alpha_pattern``: the same function exactly. ConfigError for an
+    adapted layer that has no counterpart in the exported model."""
     family = model_family(config)
     place_of, conv1d = ADAPTER_PLACES[family]
     rank, alpha = config["lora_rank"], config["lora_alpha"]
-    groups: dict[str, list[tuple[int, int, nn.Module]]] = {}
+    groups: dict[str, list[tuple[int, int, LoRALinear]]] = {}
     for path, layer in adapters(model).items():
         place = place_of(path)
         if place is None:
@@ -212,14 +215,20 @@ def write_adapter(model: nn.Module, config: dict[str, Any], out: Path, base: str
         if len(members) > 1:
             rank_pattern[theirs] = rank * len(members)
             alpha_pattern[theirs] = alpha * len(members)
-    save_file({name: t.detach().contiguous() for name, t in tensors.items()},
-              out / ADAPTER_WEIGHTS, metadata={"format": "pt"})
     settings = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base,
                 "r": rank, "lora_alpha": alpha, "lora_dropout": config["lora_dropout"],
                 "target_modules": sorted(groups), "fan_in_fan_out": conv1d, "bias": "none",
                 "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
                 "use_rslora": False, "use_dora": False, "init_lora_weights": True,
                 "inference_mode": True, "modules_to_save": None}
+    return {name: t.detach().contiguous() for name, t in tensors.items()}, settings
+
+
+def write_adapter(adapter: Adapter, out: Path) -> None:
+    """``adapter`` (:func:`peft_adapter`) as ``adapter_model.safetensors`` and
+    ``adapter_config.json`` in ``out``."""
+    tensors, settings = adapter
+    save_file(tensors, out / ADAPTER_WEIGHTS, metadata={"format": "pt"})
     (out / ADAPTER_CONFIG).write_text(json.dumps(settings, indent=1) + "\n")
 
 

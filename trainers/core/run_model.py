@@ -77,8 +77,8 @@ def load_run_model(run_or_checkpoint: RunPath,
                    step: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """The model of a run on the CPU in eval mode with the weights of its checkpoint
     (:func:`pick_checkpoint`: a step_N directory, the run's of ``step``, else its newest intact
-    one), and the run's config as a dict. A LoRA run's base is rebuilt as it trained (its seed,
-``hf:DIR``'s weights) and its adapters come from the checkpoint.
+    one), and the run's config as a dict. A LoRA run's base is rebuilt as it trained (its
+    seed, ``hf:DIR``'s weights) and its adapters come from the checkpoint.
 
     Raises ConfigError for a path without such an intact checkpoint of the current format.
     """
