@@ -8,6 +8,11 @@ needs the ``hf`` extra (``pip install -e '.[hf]'``). RUN and OUT are local direc
 bucket URLs (``s3://bucket/runs/exp1``, through fsspec); an OUT in a bucket is written in a
 scratch directory (``$TMPDIR``) first and uploaded file by file once the export is whole, so it
 then holds also ``--model hf:OUT``'s directory.
+
+A LoRA run (``--lora-rank``) exports its base as above plus its adapters in PEFT's format
+(``adapter_config.json``, ``adapter_model.safetensors``: ``peft.PeftModel.from_pretrained``
+loads them onto OUT's model); ``--merge`` folds them into the base weights instead and writes
+no adapter files.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("out", help="the directory or bucket URL to write (new or empty)")
     parser.add_argument("--checkpoint", type=int, default=None, metavar="STEP",
                         help="the checkpoint of this step (default: the newest intact one)")
+    parser.add_argument("--merge", action="store_true",
+                        help="LoRA runs: fold the adapters into the base weights (W + B A * "
+                        "alpha / rank) and write no adapter files")
     return parser
 
 
@@ -60,15 +68,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         check_output(out, "", kind="directory")
         check_run(run)
         try:
-            from trainers.core.hf_export import CONVERTERS, model_family, write_tokenizer
+            from trainers.core.hf_export import (
+                CONVERTERS,
+                model_family,
+                peft_adapter,
+                write_adapter,
+                write_tokenizer,
+            )
             from trainers.core.run_model import load_run_model
+            from trainers.models.lora import merge_adapters
         except ImportError as err:
             raise ConfigError(f"exporting needs the hf extra ({err.name} is missing); "
                               "pip install -e '.[hf]'") from None
         model, config = load_run_model(run, args.checkpoint)
         convert = CONVERTERS[model_family(config)]
+        lora = bool(config.get("lora_rank"))
+        if args.merge and not lora:
+            raise ConfigError(f"--merge folds a LoRA run's adapters in, but {run} trained "
+                              "every parameter; drop --merge")
+        if args.merge:
+            merge_adapters(model)
+        # Made before anything is written: an adapter without a counterpart is refused first.
+        adapter = peft_adapter(model, config, str(out)) if lora and not args.merge else None
         with _staged(out) as folder:
             convert(model, config, folder)
+            if adapter is not None:
+                write_adapter(adapter, folder)
             write_tokenizer(config, folder,
                             config["seq_len"] or model_shape(config["model"]).max_seq_len)
     print(f"exported {run} ({config['model']}) to {out}")

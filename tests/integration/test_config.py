@@ -219,6 +219,9 @@ def test_degrees_below_one_are_refused(tmp_path, trainer, args):
     ("ddp", ["--reshard-after-forward", "false"], "trainers.fsdp or trainers.tensor_parallel"),
     ("ddp", ["--cpu-offload"], "trainers.fsdp"),
     ("tensor_parallel", ["--cpu-offload"], "trainers.fsdp"),
+    ("tensor_parallel", ["--lora-rank", "4"], "trainers.ddp or trainers.fsdp or "
+     "trainers.model_parallel"),
+    ("pipeline", ["--lora-rank", "4"], "trainers.ddp or trainers.fsdp or trainers.model_parallel"),
 ])
 def test_options_a_trainer_cannot_serve(tmp_path, trainer, args, served_by):
     with pytest.raises(ConfigError, match=f"is not served by trainers.{trainer}; use {served_by}"):

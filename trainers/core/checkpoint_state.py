@@ -14,29 +14,41 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    _get_fqns,
     get_state_dict,
     set_state_dict,
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-# Optimizer state and hyper-parameters keyed by parameter name: ranks holding different
-# parameters (pipeline stages) then never write the same key with different contents.
-_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-
 
 class ModelAndOptimizer(Stateful):
-    """Model and optimizer through DCP's state-dict API (sharded, keyed by parameter name)."""
+    """Model and optimizer through DCP's state-dict API (sharded, keyed by parameter name).
+
+    Only trained parameters are saved: a model with frozen ones (LoRA's base) is rebuilt from
+    where it came from (its seed, ``hf:DIR``) and its checkpoint holds the adapters only.
+    """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
+        # The state-dict names of frozen parameters, under every name (a tied head's too):
+        # DCP's own ignore_frozen_params leaves a tied alias in. _get_fqns is DCP's mapping of
+        # a parameter's path to its state-dict names (wrapper prefixes removed).
+        self.frozen = {fqn for name, p in model.named_parameters(remove_duplicate=False)
+                       if not p.requires_grad for fqn in _get_fqns(model, name)}
+        # Optimizer state and hyper-parameters keyed by parameter name: ranks holding different
+        # parameters (pipeline stages) then never write the same key with different contents.
+        # Loading is strict unless frozen parameters are left out of the checkpoint.
+        self.options = StateDictOptions(flatten_optimizer_state_dict=True,
+                                        strict=not self.frozen)
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
-        return {"model": model_sd, "optim": optim_sd}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self.options)
+        return {"model": {k: v for k, v in model_sd.items() if k not in self.frozen},
+                "optim": optim_sd}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"], options=_OPTIONS)
+                       optim_state_dict=state["optim"], options=self.options)
 
 
 class Progress(Stateful):

@@ -52,10 +52,10 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
     A run stopped by a preemption signal (its checkpoint saved) leaves the process group and
     exits ``128 + signal`` (:func:`trainers.torchfree.preemption_signals.exit_status`)."""
     with init_distributed(cfg, device) as env, explain_out_of_memory(cfg, name, env.device):
+        spec = spec_of(cfg)  # a model it cannot resolve (or adapt) is refused first
         if env.is_main:
             write_config(location(cfg.output_dir),
                          run_record(cfg.to_dict(), name, argv, env.world_size))
-        spec = spec_of(cfg)
         summary = train(cfg, env, build(cfg, env, spec), spec, on_step, notice)
     if summary.get("preempted"):
         raise SystemExit(exit_status(signal.Signals[summary["preempted"]]))

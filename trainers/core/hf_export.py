@@ -2,8 +2,10 @@
 
 :data:`CONVERTERS` maps a model family to the function that writes that family's
 ``config.json`` and ``model.safetensors``; :func:`write_tokenizer` writes the run's tokenizer
-(``tokenizer.json`` and ``tokenizer_config.json``) whatever the family. Needs the ``hf`` extra
-(transformers, safetensors, tokenizers).
+(``tokenizer.json`` and ``tokenizer_config.json``) whatever the family. A LoRA run's adapters
+go beside the base in PEFT's format (:func:`write_adapter`: ``adapter_config.json`` and
+``adapter_model.safetensors``, which ``peft.PeftModel.from_pretrained`` loads onto the base),
+written without peft. Needs the ``hf`` extra (transformers, safetensors, tokenizers).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from trainers.models.lora import LoRALinear, adapters
 from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.model_names import model_kind, model_shape
+from trainers.torchfree.model_names import hf_directory, model_kind, model_shape
 from trainers.torchfree.storage import location
 from trainers.torchfree.tokenizer import BYTES, load_tokenizer
 
@@ -113,17 +116,120 @@ def export_llama(model: nn.Module, config: dict[str, Any], out: Path) -> None:
               metadata={"format": "pt"})
 
 
+def export_hf(model: nn.Module, config: dict[str, Any], out: Path) -> None:
+    """An ``hf:DIR`` model as it was read: DIR's config.json and the model's own weights under
+    their own names (a tied head once), without adapters."""
+    (out / "config.json").write_bytes((hf_directory(config["model"]) / "config.json")
+                                      .read_bytes())
+    skip = {f"{path}.{part}.weight" for path in adapters(model) for part in ("lora_A", "lora_B")}
+    tensors = {name.removeprefix("model."): p.detach() for name, p in model.named_parameters()
+               if name not in skip}
+    save_file({name: t.contiguous() for name, t in tensors.items()}, out / WEIGHTS,
+              metadata={"format": "pt"})
+
+
 # Model family -> its converter.
-CONVERTERS: dict[str, Converter] = {"gpt": export_gpt, "llama": export_llama}
+CONVERTERS: dict[str, Converter] = {"gpt": export_gpt, "llama": export_llama, "hf": export_hf}
 
 
 def model_family(config: dict[str, Any]) -> str:
-    """The family of the run's model; ConfigError for a model no converter writes (only the
-    built-in families export: an hf: model is a Hugging Face model already)."""
-    if model_kind(config["model"]) == "builtin":
+    """The family of the run's model; ConfigError for a model no converter writes (the
+    built-in families and ``hf:DIR`` export; a ``MODULE:ATTR`` model has no Hugging Face
+    counterpart)."""
+    kind = model_kind(config["model"])
+    if kind == "builtin":
         return model_shape(config["model"]).family
+    if kind == "hf":
+        return "hf"
     raise ConfigError(f"no exporter for model {config['model']!r}; the built-in families "
-                      f"({', '.join(sorted(CONVERTERS))}) export")
+                      f"and hf:DIR ({', '.join(sorted(CONVERTERS))}) export")
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+# Where one adapted layer of ours lands in the exported model: (its module path there, its
+# slot in that module's output, how many slots the output has). GPT-2's c_attn holds q, k, v
+# in slots 0, 1, 2; every other layer is one slot of its own.
+AdapterPlace = tuple[str, int, int]
+_GPT_PLACES = {"attn.wq": ("attn.c_attn", 0, 3), "attn.wk": ("attn.c_attn", 1, 3),
+               "attn.wv": ("attn.c_attn", 2, 3), "attn.wo": ("attn.c_proj", 0, 1),
+               "mlp.up": ("mlp.c_fc", 0, 1), "mlp.down": ("mlp.c_proj", 0, 1)}
+
+
+def _block_place(path: str, table: dict[str, tuple[str, int, int]],
+                 prefix: str) -> AdapterPlace | None:
+    """The place of our block layer ``path`` (``blocks.<i>.<name>``) by ``table``."""
+    head, _, name = path.partition(".")[2].partition(".")
+    if path.startswith("blocks.") and name in table:
+        theirs, slot, slots = table[name]
+        return f"{prefix}{head}.{theirs}", slot, slots
+    return None
+
+
+# Model family -> (our adapted layer's path -> its place, None: no counterpart; whether the
+# exported layers are Conv1D, whose weights are (in, out): PEFT's fan_in_fan_out).
+ADAPTER_PLACES: dict[str, tuple[Callable[[str], AdapterPlace | None], bool]] = {
+    "gpt": (lambda path: _block_place(path, _GPT_PLACES, "transformer.h."), True),
+    "llama": (lambda path: _block_place(path, {k: (v, 0, 1) for k, v in LLAMA_BLOCK.items()},
+                                        "model.layers."), False),
+    "hf": (lambda path: (path.removeprefix("model."), 0, 1), False),
+}
+
+
+# An adapter in PEFT's format: the tensors of adapter_model.safetensors, adapter_config.json.
+Adapter = tuple[dict[str, torch.Tensor], dict[str, Any]]
+
+
+def peft_adapter(model: nn.Module, config: dict[str, Any], base: str) -> Adapter:
+    """The run's adapters in PEFT's format: keys ``base_model.model.<module>.lora_A.weight``/
+    ``lora_B.weight`` and the config (``base``: the base model's name or path). Adapters that
+    share one exported module (GPT's q, k, v in ``c_attn``) become one adapter of their summed
+    rank, A stacked and B block-diagonal, whose scale stays alpha / rank through PEFT's
+    ``rank_pattern`` and ``alpha_pattern``: the same function exactly. ConfigError for an
+    adapted layer that has no counterpart in the exported model."""
+    family = model_family(config)
+    place_of, conv1d = ADAPTER_PLACES[family]
+    rank, alpha = config["lora_rank"], config["lora_alpha"]
+    groups: dict[str, list[tuple[int, int, LoRALinear]]] = {}
+    for path, layer in adapters(model).items():
+        place = place_of(path)
+        if place is None:
+            raise ConfigError(f"the adapter on {path} has no counterpart in the exported "
+                              f"{family} model; train with --lora-targets of the blocks' layers")
+        theirs, slot, slots = place
+        groups.setdefault(theirs, []).append((slot, slots, layer))
+    tensors: dict[str, torch.Tensor] = {}
+    rank_pattern: dict[str, int] = {}
+    alpha_pattern: dict[str, float] = {}
+    for theirs, members in groups.items():
+        members.sort(key=lambda member: member[0])
+        key = f"base_model.model.{theirs}"
+        tensors[f"{key}.lora_A.weight"] = torch.cat([m.lora_A.weight for _, _, m in members])
+        width = members[0][2].out_features
+        b = members[0][2].lora_B.weight.new_zeros(width * members[0][1], rank * len(members))
+        for column, (slot, _, layer) in enumerate(members):
+            b[slot * width:(slot + 1) * width, column * rank:(column + 1) * rank] = \
+                layer.lora_B.weight
+        tensors[f"{key}.lora_B.weight"] = b
+        if len(members) > 1:
+            rank_pattern[theirs] = rank * len(members)
+            alpha_pattern[theirs] = alpha * len(members)
+    settings = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base,
+                "r": rank, "lora_alpha": alpha, "lora_dropout": config["lora_dropout"],
+                "target_modules": sorted(groups), "fan_in_fan_out": conv1d, "bias": "none",
+                "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
+                "use_rslora": False, "use_dora": False, "init_lora_weights": True,
+                "inference_mode": True, "modules_to_save": None}
+    return {name: t.detach().contiguous() for name, t in tensors.items()}, settings
+
+
+def write_adapter(adapter: Adapter, out: Path) -> None:
+    """``adapter`` (:func:`peft_adapter`) as ``adapter_model.safetensors`` and
+    ``adapter_config.json`` in ``out``."""
+    tensors, settings = adapter
+    save_file(tensors, out / ADAPTER_WEIGHTS, metadata={"format": "pt"})
+    (out / ADAPTER_CONFIG).write_text(json.dumps(settings, indent=1) + "\n")
 
 
 def byte_tokenizer() -> Any:

@@ -38,6 +38,7 @@ from trainers.core.preemption import Notice, PreemptionWatch
 from trainers.core.run_state import Run, RunFacts, RunState, Throughput, resume_notes, summarize
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec
+from trainers.models.lora import check_resumable
 from trainers.torchfree.checkpoint_files import saved_manifest, step_of
 from trainers.torchfree.faults import kill_point, maybe_kill, restart_count
 from trainers.torchfree.preemption_signals import exit_status, parse_signals
@@ -142,8 +143,9 @@ def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     resume_from = checkpointer.choose(cfg.resume)
     saved: dict[str, Any] | None = None
     if resume_from is not None:
-        checkpointer.load(resume_from)
         saved = saved_manifest(resume_from)
+        check_resumable(saved["config"], cfg.to_dict(), str(resume_from))
+        checkpointer.load(resume_from)
         facts.restore(saved)
     writer = MetricsWriter(run_dir, env.is_main, cfg.tensorboard, progress.step, cfg.steps)
     writer.print(f"run directory: {run_dir.resolve()}")

@@ -20,7 +20,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from trainers.core.checkpoint_storage import dcp_checkpoint_id
-from trainers.models import allocate, resolve_spec
+from trainers.models import allocate, materialize
+from trainers.models.lora import run_spec
 from trainers.torchfree.checkpoint_files import (
     MANIFEST,
     PREFIX,
@@ -76,18 +77,22 @@ def load_run_model(run_or_checkpoint: RunPath,
                    step: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """The model of a run on the CPU in eval mode with the weights of its checkpoint
     (:func:`pick_checkpoint`: a step_N directory, the run's of ``step``, else its newest intact
-    one), and the run's config as a dict.
+    one), and the run's config as a dict. A LoRA run's base is rebuilt as it trained (its
+    seed, ``hf:DIR``'s weights) and its adapters come from the checkpoint.
 
     Raises ConfigError for a path without such an intact checkpoint of the current format.
     """
     checkpoint = pick_checkpoint(run_or_checkpoint, step)
     config = run_config(checkpoint)
-    spec = resolve_spec(config["model"], config["dropout"], config["attention"],
-                        config["attention_window"])
+    spec = run_spec(config)
     model = spec.meta_model()
-    allocate(model, torch.device("cpu"), spec)  # every parameter is loaded next
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    if frozen:  # a LoRA run: the base comes back from where it came from, the adapters load
+        materialize(model, torch.device("cpu"), config["seed"], spec)
+    else:
+        allocate(model, torch.device("cpu"), spec)  # every parameter is loaded next
     weights = {name: t for name, t in model.state_dict().items()
-               if name not in spec.shared_parameters}
+               if name not in spec.shared_parameters and name not in frozen}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single")
         dcp.load({"train": {"model": weights}}, checkpoint_id=dcp_checkpoint_id(checkpoint),

@@ -13,8 +13,9 @@ never :mod:`trainers.core` or :mod:`trainers.parallel`, which build on it.
 """
 
 from trainers.models.common import normal_init
+from trainers.models.lora import spec_of
 from trainers.models.protocol import ModelSpec, ParameterInit, TensorParallelPlan, counted_params
-from trainers.models.registry import resolve_spec, spec_of
+from trainers.models.registry import resolve_spec
 from trainers.models.weights import allocate, build_model, materialize
 
 __all__ = ["ModelSpec", "ParameterInit", "TensorParallelPlan", "allocate", "build_model",

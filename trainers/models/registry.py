@@ -14,15 +14,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from trainers.models.protocol import ModelSpec
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.model_names import model_kind, model_shape
 from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
-
-if TYPE_CHECKING:
-    from trainers.torchfree.train_config import TrainConfig
 
 Family = Callable[[str, ModelConfig], ModelSpec]
 
@@ -50,18 +46,18 @@ def get_family(key: str) -> Family:
     return _families[key]
 
 
+def family_key(name: str) -> str:
+    """The key of the family ``--model name`` resolves through."""
+    kind = model_kind(name)
+    return MODEL_SIZES[name].family if kind == "builtin" else kind
+
+
 def resolve_spec(name: str, dropout: float = 0.0, attention: str = "sdpa",
                  attention_window: int = 256) -> ModelSpec:
     """The spec ``--model name`` names; the built-in families take the dropout and attention
     options. ConfigError (one line) when it cannot be resolved."""
-    kind = model_kind(name)
-    if kind == "builtin":
+    if model_kind(name) == "builtin":
         shape = dataclasses.replace(MODEL_SIZES[name], dropout=dropout, attention=attention,
                                     attention_window=attention_window)
-        return get_family(shape.family)(name, shape)
-    return get_family(kind)(name, model_shape(name))
-
-
-def spec_of(cfg: TrainConfig) -> ModelSpec:
-    """The spec of the model ``cfg`` trains."""
-    return resolve_spec(cfg.model, cfg.dropout, cfg.attention, cfg.attention_window)
+        return get_family(family_key(name))(name, shape)
+    return get_family(family_key(name))(name, model_shape(name))

@@ -81,6 +81,23 @@ def check_options(cfg: TrainConfig) -> None:
         raise ConfigError(f"--val-fraction must be in (0, 1), got {cfg.val_fraction}")
     parse_signals(cfg.preemption_signals)
     check_data_options(cfg)
+    check_lora_options(cfg)
+
+
+def check_lora_options(cfg: TrainConfig) -> None:
+    """LoRA's options in range, and set only with ``--lora-rank`` (docs/finetuning.md)."""
+    if cfg.lora_rank < 0:
+        raise ConfigError(f"--lora-rank must be >= 0 (0: train every parameter), got "
+                          f"{cfg.lora_rank}")
+    if not 0.0 <= cfg.lora_dropout < 1.0:
+        raise ConfigError(f"--lora-dropout must be in [0, 1), got {cfg.lora_dropout}")
+    if cfg.lora_alpha <= 0:
+        raise ConfigError(f"--lora-alpha must be positive, got {cfg.lora_alpha}")
+    defaults = _defaults(cfg)
+    for option in ("lora_alpha", "lora_dropout", "lora_targets"):
+        if cfg.lora_rank == 0 and getattr(cfg, option) != defaults[option]:
+            raise ConfigError(f"{_flag(option)} applies only to LoRA; pass --lora-rank R "
+                              f"(e.g. 8) or drop {_flag(option)}")
 
 
 def check_model_fit(cfg: TrainConfig, shape: ModelConfig) -> None:

@@ -117,6 +117,15 @@ class TrainConfig:
                                  "and backward intervals to timeline.rank<R>.jsonl")
     devices: str = _opt("auto", "model parallel: devices to spread the blocks over, e.g. "
                         "cuda:0,cuda:1 or cpu,cpu (auto: every visible GPU, else cpu,cpu)")
+    # fine-tuning (docs/finetuning.md)
+    lora_rank: int = _opt(0, "LoRA: train rank-R adapters on the --lora-targets layers with "
+                          "the model frozen (0: train every parameter)")
+    lora_alpha: float = _opt(16.0, "LoRA: the adapters' output is scaled by alpha / rank")
+    lora_dropout: float = _opt(0.0, "LoRA: dropout on the adapters' input, in [0, 1)")
+    lora_targets: str = _opt("", "LoRA: comma-separated last name parts of the linear layers "
+                             "to adapt, e.g. wq,wv or q_proj,v_proj (empty: the family's "
+                             "default: gpt wq,wk,wv; llama wq,wv; hf:DIR q_proj,v_proj; "
+                             "MODULE:ATTR every linear layer in the blocks)")
     # evaluation, logging, checkpoints
     eval_every: int = _opt(50, "evaluate every K steps (0: never)")
     eval_batches: int = _opt(4, "micro-batches per rank in each evaluation")

@@ -222,19 +222,22 @@ def check_one_process_per_node(cfg: TrainConfig, nproc_per_node: int, gpus: int)
                           f"--devices {devices}")
 
 
+# LoRA's options (docs/finetuning.md): the trainers that build one whole model per replica
+# serve them; tensor_parallel and pipeline refuse them.
+_LORA = frozenset({"lora_rank", "lora_alpha", "lora_dropout", "lora_targets"})
+
 _SHARD_HINT = "trainers.fsdp (shards parameters, gradients and optimizer state)"
 
 TRAINERS: dict[str, Trainer] = {t.name: t for t in (
     Trainer("ddp", "data parallel with DistributedDataParallel: every rank a whole replica",
             "Use it when the model, its gradients and AdamW state fit on one device: the "
             "simplest and usually fastest choice; otherwise trainers.fsdp.",
-            options=frozenset({"batching"}), split=_replicated_split,
-            oom_hints=(_SHARD_HINT,)),
+            options=_LORA | {"batching"}, split=_replicated_split, oom_hints=(_SHARD_HINT,)),
     Trainer("fsdp", "FSDP2 fully_shard: each rank holds 1/N of parameters, gradients and "
             "optimizer state",
             "Use it when the model and its training state do not fit on one device but each "
             "block does: memory per rank falls with the number of ranks.",
-            options=frozenset({"reshard_after_forward", "cpu_offload", "batching"}),
+            options=frozenset({"reshard_after_forward", "cpu_offload", "batching"}) | _LORA,
             split=_fsdp_split,
             sharded=True),
     Trainer("tensor_parallel", "tensor parallel (DTensor) inside groups of --tp ranks, FSDP2 "
@@ -260,7 +263,8 @@ TRAINERS: dict[str, Trainer] = {t.name: t for t in (
             "--devices, DDP across processes",
             "Use it to spread a model too large for one GPU over a node's GPUs without "
             "collectives, e.g. for a first try; the devices take turns (no overlap).",
-            options=frozenset({"devices"}), split=_model_parallel_split, check=check_devices,
+            options=frozenset({"devices"}) | _LORA, split=_model_parallel_split,
+            check=check_devices,
             check_placement=check_one_process_per_node, oom_hints=(_SHARD_HINT,),
             ray="it spreads one process's blocks over several devices, while Ray Train runs "
                 "one process per device; run it with `torchx run "
