@@ -23,7 +23,8 @@ from typing import Any
 
 from bench import harness
 from bench.harness import median
-from trainers.core.data import BatchStream, instruction_datasets
+from trainers.core.batch_stream import BatchStream
+from trainers.core.data import instruction_datasets
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.data_source import instruction_source
 from trainers.torchfree.instruction_data import tokenize_samples

@@ -50,7 +50,8 @@ class Plan:
 def measure(cfg: Any, env: Any, build: Callable[[Any, Any, Any], Any]) -> dict[str, Any]:
     """One rank of a memory measurement (:func:`bench.harness.serve_rank`): the trainer's
     strategy and optimizer, one training step, then the bytes of every live tensor."""
-    from trainers.core.data import BatchStream, build_datasets
+    from trainers.core.batch_stream import BatchStream
+    from trainers.core.data import build_datasets
     from trainers.core.loop import build_optimizer
     from trainers.models import spec_of
 

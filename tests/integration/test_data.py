@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import torch
 
-from trainers.core.data import BatchStream, MarkovChainDataset, TokenFileDataset, eval_batches
+from trainers.core.batch_stream import BatchStream, eval_batches
+from trainers.core.data import MarkovChainDataset, TokenFileDataset
 from trainers.torchfree.token_file import read_header
 
 

@@ -23,7 +23,8 @@ import torch
 
 from tests.integration.test_data_sources import command, documents, word_level_tokenizer
 from tests.support.runs import REPO, TINY, assert_close, child_env, losses, run_trainer
-from trainers.core.data import BatchStream, TokenFileDataset, tokenized_text
+from trainers.core.batch_stream import BatchStream
+from trainers.core.data import TokenFileDataset, tokenized_text
 from trainers.core.distributed import DistEnv
 from trainers.prepare_data import main as prepare_data
 from trainers.torchfree.config import parse_config

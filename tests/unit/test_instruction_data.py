@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from trainers.core.data import InstructionDataset, instruction_datasets, length_buckets
+from trainers.core.batch_stream import length_buckets
+from trainers.core.data import InstructionDataset, instruction_datasets
 from trainers.core.loss import IGNORE
 from trainers.core.strategy import Strategy
 from trainers.torchfree import instruction_data as data

@@ -24,9 +24,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from trainers.core.batch_stream import BatchStream, eval_batches
 from trainers.core.checkpoint import Checkpointer
 from trainers.core.checkpoint_state import ModelAndOptimizer, Progress, RankRNG
-from trainers.core.data import BatchStream, InstructionDataset, build_datasets, eval_batches
+from trainers.core.data import InstructionDataset, build_datasets
 from trainers.core.distributed import DistEnv
 from trainers.core.metrics import (
     MetricsWriter,

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from trainers.core.batch_stream import BatchStream
 from trainers.core.checkpoint import Checkpointer
 from trainers.core.checkpoint_state import Progress
-from trainers.core.data import Batch, BatchStream, MarkovChainDataset
+from trainers.core.data import Batch, MarkovChainDataset
 from trainers.core.distributed import DistEnv
 from trainers.core.metrics import MetricsWriter, bf16_matmul_hardware, measure_peak_flops
 from trainers.core.strategy import Strategy
