@@ -1,15 +1,15 @@
 """Instruction batches: padded in length buckets against packed, on the same samples.
 
 ``--batching pad`` puts one sample in each sequence and cuts a batch to its longest sample,
-drawing batches of similar lengths (:func:`trainers.core.data.length_buckets`);
-``--batching pack`` packs samples into sequences of ``--seq-len`` with attention kept within
-each sample (a document mask, so sdpa runs with an explicit mask instead of its causal
-kernel). Both train the same model on the same prompt/completion samples, whose lengths are
-spread as instruction sets' are (log-normal), with ``trainers.ddp`` on one process, rounds
-alternating. Reported per variant: the median step time, the tokens computed per second, the
-sample tokens (everything but padding) per second, and the padding share of what was
-computed; the batches of each run are drawn again here, by the trainer's own classes, to count
-its padding.
+drawing batches of similar lengths (:func:`trainers.core.batch_stream.length_buckets`);
+``--batching pack`` packs samples into sequences of ``--seq-len`` (best-fit decreasing) with
+attention kept within each sample (a document mask, so sdpa runs with an explicit mask
+instead of its causal kernel). Both train the same model on the same prompt/completion
+samples, whose lengths are spread as instruction sets' are (log-normal), with
+``trainers.ddp`` on one process, rounds alternating. Reported per variant: the median step
+time, the tokens computed per second, the sample tokens (everything but padding) per second,
+and the padding share of what was computed; the batches of each run are drawn again here, by
+the trainer's own classes, to count its padding.
 """
 
 from __future__ import annotations

@@ -148,15 +148,23 @@ def parse_for(trainer: str, *args: str, world: int, tmp: Path):
                         world_sizes=[world])
 
 
-def test_packing_is_refused_where_the_model_cannot_take_positions(tmp_path):
-    """Pipeline stages, tensor-parallel plans and the model-parallel spread call blocks with
-    hidden states only: --batching pack is refused there, padded batches are not."""
+def test_instruction_samples_pack_where_the_model_takes_positions(tmp_path):
+    """By default samples are packed where every rank runs whole blocks of a model that takes
+    positions, else padded; --batching pack where that cannot be is refused in one line."""
+    from trainers.torchfree.instruction_data import packs
+
     bad_data_files(tmp_path)
-    pairs = ["--data", str(tmp_path / "pairs.jsonl")]
-    with pytest.raises(ConfigError, match="--batching is not served by trainers.pipeline; use "
-                                          "trainers.ddp or trainers.fsdp or drop --batching"):
+    pairs = ["--data", str(tmp_path / "pairs.jsonl"), "--batch-size", "8"]
+    assert packs(parse_for("fsdp", *pairs, world=2, tmp=tmp_path))
+    assert packs(parse_for("model_parallel", *pairs, world=1, tmp=tmp_path))
+    assert not packs(parse_for("pipeline", *pairs, "--pp", "2", world=2, tmp=tmp_path))
+    assert not packs(parse_for("tensor_parallel", *pairs, "--tp", "2", world=2, tmp=tmp_path))
+    assert not packs(parse_for("ddp", *pairs, "--attention", "tiled", world=1, tmp=tmp_path))
+    assert not packs(parse_for("ddp", *pairs, "--batching", "pad", world=1, tmp=tmp_path))
+    with pytest.raises(ConfigError, match=r"--batching pack needs the whole model in each "
+                                          r"rank's forward, and --pp 2 --tp 1 splits it; pass "
+                                          r"--batching pad"):
         parse_for("pipeline", *pairs, "--pp", "2", "--batching", "pack", world=2, tmp=tmp_path)
-    parse_for("pipeline", *pairs, "--pp", "2", "--batch-size", "8", world=2, tmp=tmp_path)
 
 
 def test_three_dimensional_degrees(tmp_path):
@@ -366,10 +374,10 @@ def bad_data_files(tmp: Path) -> None:
      "chat data, and --data {tmp}/long.jsonl is read as prompt_completion; drop"),
     (["--data-format", "chat"], "--data-format applies only to text --data .*, not synthetic "
      "data; drop --data-format"),
-    (["--batching", "pack"], "--batching applies only to instruction and chat --data .*, not "
+    (["--batching", "pad"], "--batching applies only to instruction and chat --data .*, not "
      "synthetic data; drop --batching"),
-    (["--data", "{tmp}/plain.txt", "--batching", "pack"], "--batching pack packs instruction or "
-     "chat samples, and --data {tmp}/plain.txt is read as text .*; drop --batching"),
+    (["--data", "{tmp}/plain.txt", "--batching", "pack"], "--batching applies to instruction "
+     "and chat samples, and --data {tmp}/plain.txt is read as text .*; drop --batching"),
     (["--data", "{tmp}/pairs.jsonl", "--batching", "pack", "--attention", "naive"],
      "--batching pack masks attention to each sample with sdpa, not --attention naive; pass "
      "--attention sdpa or --batching pad"),

@@ -45,8 +45,9 @@ def test_completion_loss_is_the_same_on_any_split_of_the_batch(tmp_path):
     # 8 held-out samples: one evaluation batch of 8, or 2 of 2 on each rank.
     data = ["--data", str(write_sums(tmp_path / "sums.jsonl", 100)), "--val-fraction", "0.08"]
     one, split = tmp_path / "one", tmp_path / "split"
-    run_trainer([*RUN, *data, "--output-dir", str(one)])
-    run_trainer([*RUN, *data, "--grad-accum", "2", "--output-dir", str(split)], nproc=2)
+    run_trainer([*RUN, *data, "--batching", "pad", "--output-dir", str(one)])
+    run_trainer([*RUN, *data, "--batching", "pad", "--grad-accum", "2", "--output-dir",
+                 str(split)], nproc=2)
     assert_close(losses(split), losses(one))
     evals = [{r["step"]: r["eval_loss"] for r in map(json.loads, (run / "metrics.jsonl")
                                                        .read_text().splitlines())
@@ -73,16 +74,19 @@ def test_a_chat_run_resumes_exactly_at_another_data_parallel_size(tmp_path):
 
 @pytest.mark.slow  # four trainer runs, two on 2 ranks
 def test_a_pipeline_and_packed_fsdp_match_one_process(tmp_path):
-    """Padded samples through a 2-stage pipeline (fixed-width batches, the schedule's loss
-    divided by the step's shared count), and packed samples sharded by FSDP on 2 ranks, each
-    against one process batching the same way."""
+    """Padded samples through a 2-stage pipeline (which pads by default: fixed-width batches,
+    the schedule's loss divided by the step's shared count), and packed samples sharded by
+    FSDP on 2 ranks, each against one process batching the same way."""
     data = ["--data", str(write_sums(tmp_path / "sums.jsonl", 100)), "--eval-every", "0"]
     runs = {name: tmp_path / name for name in ("pad", "pipeline", "pack", "fsdp")}
-    run_trainer([*RUN, *data, "--output-dir", str(runs["pad"])])
+    run_trainer([*RUN, *data, "--batching", "pad", "--output-dir", str(runs["pad"])])
     run_trainer([*RUN, *data, "--pp", "2", "--microbatches", "4", "--output-dir",
                  str(runs["pipeline"])], nproc=2, module="trainers.pipeline")
-    run_trainer([*RUN, *data, "--batching", "pack", "--output-dir", str(runs["pack"])])
-    run_trainer([*RUN, *data, "--batching", "pack", "--output-dir", str(runs["fsdp"])],
+    run_trainer([*RUN, *data, "--output-dir", str(runs["pack"])])
+    run_trainer([*RUN, *data, "--output-dir", str(runs["fsdp"])],
                 nproc=2, module="trainers.fsdp")
     assert_close(losses(runs["pipeline"]), losses(runs["pad"]))
     assert_close(losses(runs["fsdp"]), losses(runs["pack"]))
+    metrics = (runs["fsdp"] / "metrics.jsonl").read_text().splitlines()
+    packed = [json.loads(line) for line in metrics]
+    assert {round(r["tokens_per_s"] * r["step_time_s"]) for r in packed} == {8 * 64}  # full

@@ -191,6 +191,10 @@ def test_the_steps_loss_is_the_mean_over_every_counted_token():
 
 
 def test_the_last_samples_are_held_out(tmp_path):
-    cfg = dataclasses.replace(config(tmp_path), val_fraction=0.25)
+    cfg = dataclasses.replace(config(tmp_path), val_fraction=0.25, batching="pad")
     train, val = instruction_datasets(cfg, samples([5, 6, 7, 8, 9, 10, 11, 12]))
     assert (train.indices, val.indices) == (range(0, 6), range(6, 8))
+    packed, held_out = instruction_datasets(dataclasses.replace(cfg, batching="auto"),
+                                            samples([5, 6, 7, 8, 9, 10, 11, 12]))
+    assert sorted(i for pack in packed.packs for i in pack) == list(range(6))
+    assert sorted(i for pack in held_out.packs for i in pack) == [6, 7]

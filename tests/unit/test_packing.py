@@ -26,14 +26,16 @@ def samples(lengths: list[int], vocab: int) -> Samples:
                    np.concatenate([[0], np.cumsum(lengths)]), vocab)
 
 
-def test_samples_pack_in_order_without_splitting():
+def test_samples_pack_best_fit_decreasing_without_splitting():
     packed = PackedDataset(samples([10, 20, 19, 30, 60], 256), range(5), SEQ)
-    # 9 + 19 + 18 = 46 fits 48; 29 does not fit after them; 60 is cut to 48 positions.
-    assert packed.packs == [[0, 1, 2], [3], [4]]
-    inputs, targets, positions = packed[0]
-    assert positions.tolist() == [*range(9), *range(19), *range(18), 0, 1]
-    assert targets[46:].eq(IGNORE).all() and inputs[46:].eq(0).all()
-    assert packed[2][2].tolist() == list(range(SEQ))
+    # 60 is cut to 48 positions and fills a sequence; 29 + 19 fill the next exactly; 18 + 9.
+    assert packed.packs == [[4], [3, 1], [2, 0]]
+    assert packed[0][2].tolist() == list(range(SEQ))
+    assert packed[1][2].tolist() == [*range(29), *range(19)]
+    inputs, targets, positions = packed[2]
+    assert positions.tolist() == [*range(18), *range(9), *range(21)]
+    assert targets[27:].eq(IGNORE).all() and inputs[27:].eq(0).all()
+    assert not targets[:27].eq(IGNORE).all()
 
 
 @pytest.mark.parametrize("model", ["tiny", "llama-tiny", "hf"])
@@ -46,7 +48,7 @@ def test_a_packed_batch_has_the_loss_of_its_samples_one_by_one(tmp_path, model):
     vocab = net(torch.zeros(1, 1, dtype=torch.long)).shape[-1]
     data = samples([7, 12, 16, 9, 30], vocab)
     packed = PackedDataset(data, range(5), SEQ)
-    assert len(packed) == 2 and packed.packs[0] == [0, 1, 2, 3]
+    assert packed.packs == [[4, 2], [1, 3, 0]]
     inputs, targets, positions = (torch.stack(t) for t in zip(*(packed[i] for i in range(2)),
                                                                strict=True))
     with torch.no_grad():

@@ -11,6 +11,7 @@ samples with their positions. :mod:`trainers.core.batch_stream` draws the batche
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -32,6 +33,7 @@ from trainers.torchfree.data_source import (
 from trainers.torchfree.instruction_data import (
     Samples,
     check_samples,
+    packs,
     read_samples,
     tokenize_samples,
     write_samples,
@@ -177,24 +179,30 @@ class InstructionDataset(Dataset[Batch]):
 
 
 class PackedDataset(Dataset[Batch]):
-    """Samples ``indices`` of ``samples``, each cut to ``seq_len + 1`` tokens, packed in their
-    order into sequences of ``seq_len``: a sample goes into the current sequence if it fits,
-    else starts the next (never split). Items are ``(inputs, targets, positions)``: the
-    positions restart at 0 where each sample starts, so the model attends within a sample
+    """Samples ``indices`` of ``samples``, each cut to ``seq_len + 1`` tokens, packed into
+    sequences of ``seq_len`` by best-fit decreasing (longest sample first, each into the
+    sequence it leaves least room in, a new one if none has room; a sample is never split).
+    Items are ``(inputs, targets, positions)``: the positions restart at 0 where each sample
+    starts, so the model attends within a sample
     (:func:`trainers.models.attention.document_mask`); the rest of a sequence is padding (id
     0, targets :data:`~trainers.core.loss.IGNORE`, positions of its own)."""
 
     def __init__(self, samples: Samples, indices: range, seq_len: int) -> None:
         self.samples, self.seq_len = samples, seq_len
-        self.packs: list[list[int]] = [[]]
-        used = 0
-        for index in indices:
-            width = min(int(samples.lengths()[index]) - 1, seq_len)
-            if used + width > seq_len:
+        widths = np.minimum(samples.lengths()[indices.start:indices.stop] - 1, seq_len)
+        self.packs: list[list[int]] = []
+        room: list[tuple[int, int]] = []  # (positions left, pack), sorted
+        for offset in np.argsort(-widths, kind="stable"):
+            width = int(widths[offset])
+            slot = bisect.bisect_left(room, (width, -1))
+            if slot == len(room):
                 self.packs.append([])
-                used = 0
-            self.packs[-1].append(index)
-            used += width
+                left, pack = seq_len, len(self.packs) - 1
+            else:
+                left, pack = room.pop(slot)
+            self.packs[pack].append(indices.start + int(offset))
+            if left - width:
+                bisect.insort(room, (left - width, pack))
 
     def __len__(self) -> int:
         return len(self.packs)
@@ -221,13 +229,14 @@ class PackedDataset(Dataset[Batch]):
 def instruction_datasets(cfg: TrainConfig, samples: Samples) -> tuple[Dataset[Batch],
                                                                       Dataset[Batch]]:
     """The last ``--val-fraction`` of the samples (at least one) for evaluation, the rest for
-    training. ``--batching pack``: :class:`PackedDataset`; ``pad``: :class:`InstructionDataset`,
+    training. Packed (:func:`~trainers.torchfree.instruction_data.packs`): :class:`PackedDataset`;
+    padded: :class:`InstructionDataset`,
     batches cut to their longest sample except under a pipeline (``--pp`` > 1), and to a
     multiple of ``--tp`` under sequence parallelism."""
     n_val = max(1, math.ceil(len(samples) * cfg.val_fraction))
     split = len(samples) - n_val
     parts = range(0, split), range(split, len(samples))
-    if cfg.batching == "pack":
+    if packs(cfg):
         return tuple(PackedDataset(samples, part, cfg.seq_len) for part in parts)
     multiple = 0 if cfg.pp > 1 else (cfg.tp if cfg.sequence_parallel else 1)
     return tuple(InstructionDataset(samples, part, cfg.seq_len, multiple) for part in parts)

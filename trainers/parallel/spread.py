@@ -12,9 +12,13 @@ from trainers.torchfree.errors import ConfigError
 
 
 def _move_inputs(device: torch.device) -> Callable:
-    """A forward pre-hook that moves a module's tensor arguments to ``device``."""
-    def hook(module: nn.Module, args: tuple) -> tuple:
-        return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+    """A forward pre-hook (``with_kwargs``) that moves a module's tensor arguments, positional
+    and keyword (packed samples' positions), to ``device``."""
+    def move(value: object) -> object:
+        return value.to(device) if isinstance(value, torch.Tensor) else value
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return tuple(map(move, args)), {key: move(v) for key, v in kwargs.items()}
     return hook
 
 
@@ -41,13 +45,13 @@ def spread_over(model: nn.Module, spec: ModelSpec, devices: Sequence[torch.devic
         _place(block, placement[id(block)])
     for name, device in places.items():
         _place(model.get_submodule(name), device)
-    model.register_forward_pre_hook(_move_inputs(devices[0]))
+    model.register_forward_pre_hook(_move_inputs(devices[0]), with_kwargs=True)
     model.register_forward_hook(lambda module, args, out: out.to(devices[0]))
 
 
 def _place(module: nn.Module, device: torch.device) -> None:
     module.to_empty(device=device)
-    module.register_forward_pre_hook(_move_inputs(device))
+    module.register_forward_pre_hook(_move_inputs(device), with_kwargs=True)
 
 
 def parse_devices(spec: str) -> list[torch.device]:

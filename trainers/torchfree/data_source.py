@@ -82,7 +82,7 @@ def check_data_options(cfg: TrainConfig) -> None:
     if cfg.text_field != DEFAULT_TEXT_FIELD and kind != TEXT:
         raise ConfigError(f"--text-field applies only to text --data (.jsonl or .parquet files), "
                           f"not {given_data}; drop --text-field")
-    if cfg.batching != "pad" and kind != TEXT:
+    if cfg.batching != "auto" and kind != TEXT:
         raise ConfigError(f"--batching applies only to instruction and chat --data (.jsonl or "
                           f".parquet samples), not {given_data}; drop --batching")
     if cfg.data_format != "auto" and kind != TEXT:

@@ -61,10 +61,11 @@ class TrainConfig:
     chat_template: str = _opt("", "chat --data: a Jinja chat template file (default: the "
                               "tokenizer's own chat_template, else the built-in one in "
                               "docs/finetuning.md)")
-    batching: str = _opt("pad", "instruction and chat --data: 'pad' (one sample a sequence, "
-                         "batches of similar lengths cut to their longest) or 'pack' (samples "
-                         "packed into --seq-len, attention kept within each; built-in and hf: "
-                         "models, sdpa attention)", choices=["pad", "pack"])
+    batching: str = _opt("auto", "instruction and chat --data: 'pack' (samples packed into "
+                         "--seq-len, attention kept within each: built-in and hf: models, sdpa "
+                         "attention, --pp 1 and --tp 1), 'pad' (one sample a sequence, batches "
+                         "of similar lengths cut to their longest); auto: pack where it can, "
+                         "else pad", choices=["auto", "pad", "pack"])
     train_samples: int = _opt(8192, "sequences in the synthetic training set")
     val_samples: int = _opt(512, "sequences in the synthetic validation set")
     val_fraction: float = _opt(0.05, "share of the tokens of any --data but synthetic held "

@@ -232,12 +232,12 @@ TRAINERS: dict[str, Trainer] = {t.name: t for t in (
     Trainer("ddp", "data parallel with DistributedDataParallel: every rank a whole replica",
             "Use it when the model, its gradients and AdamW state fit on one device: the "
             "simplest and usually fastest choice; otherwise trainers.fsdp.",
-            options=_LORA | {"batching"}, split=_replicated_split, oom_hints=(_SHARD_HINT,)),
+            options=_LORA, split=_replicated_split, oom_hints=(_SHARD_HINT,)),
     Trainer("fsdp", "FSDP2 fully_shard: each rank holds 1/N of parameters, gradients and "
             "optimizer state",
             "Use it when the model and its training state do not fit on one device but each "
             "block does: memory per rank falls with the number of ranks.",
-            options=frozenset({"reshard_after_forward", "cpu_offload", "batching"}) | _LORA,
+            options=frozenset({"reshard_after_forward", "cpu_offload"}) | _LORA,
             split=_fsdp_split,
             sharded=True),
     Trainer("tensor_parallel", "tensor parallel (DTensor) inside groups of --tp ranks, FSDP2 "
