@@ -20,13 +20,20 @@ pipeline parallelism gives each stage ``1/pp`` of the blocks (the first stage al
 embeddings, the last the final norm and head, a copy of the tied embedding). The formulas
 were derived from the tensors autograd saves and are checked against a live-tensor
 measurement in ``tests/integration/test_memory.py``.
+
+LoRA (:class:`Adapters`, ``--lora-rank``) changes the states: the frozen base has no gradients
+and no optimizer state, and under bf16 its linear layers are held in bf16
+(``trainers/models/lora.py``; embeddings and norms stay fp32), sharded as the base is; the
+adapters (``rank x (in + out)`` per targeted linear layer) carry fp32 weights, gradients and
+AdamW's two moments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainers.torchfree.shapes import ModelConfig
+from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.shapes import FAMILIES, ModelConfig
 
 FP32 = 4
 BF16 = 2
@@ -64,6 +71,61 @@ class Layout:
             raise ValueError(f"unknown sharding {self.sharding!r}; use one of {SHARDINGS}")
 
 
+# Shape family -> the linear layers --lora-targets defaults to (PEFT's defaults: GPT-2's c_attn
+# is our wq, wk, wv; Llama's q_proj, v_proj); trainers/models/lora.py applies them.
+LORA_DEFAULT_TARGETS = {"gpt": ("wq", "wk", "wv"), "llama": ("wq", "wv"),
+                        "hf": ("q_proj", "v_proj")}
+# Hugging Face's names of the llama family's linear layers (hf:DIR models).
+HF_LINEARS = {"q_proj": "wq", "k_proj": "wk", "v_proj": "wv", "o_proj": "wo",
+              "gate_proj": "gate", "up_proj": "up", "down_proj": "down", "lm_head": "head"}
+
+
+def parse_targets(targets: str) -> tuple[str, ...]:
+    """``--lora-targets`` as a tuple of names (empty: the family's default)."""
+    return tuple(t.strip() for t in targets.split(",") if t.strip())
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """LoRA's adapters: rank ``rank`` on the linear layers ``targets`` names (last name parts,
+    ours or Hugging Face's; empty: the family's default)."""
+
+    rank: int
+    targets: tuple[str, ...] = ()
+
+
+def linear_sizes(shape: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear layer of a block of ``shape`` (gpt or llama family) by
+    its last name part, and of the head."""
+    d, ffn, kv = shape.d_model, shape.d_ff, shape.kv_heads * shape.head_dim
+    if shape.family == "gpt":
+        kv = d
+    mlp = {"up": (d, ffn), "down": (ffn, d)}
+    if shape.family == "llama":
+        mlp["gate"] = (d, ffn)
+    return {"wq": (d, d), "wk": (d, kv), "wv": (d, kv), "wo": (d, d), **mlp,
+            "head": (d, shape.vocab_size)}
+
+
+def adapter_params(shape: ModelConfig, adapters: Adapters, pp: int = 1) -> tuple[int, int]:
+    """(adapter parameters, adapter tensors) on the heaviest stage of ``pp`` (its ``1/pp`` of
+    the blocks, and the head's adapter when targeted). ConfigError for a target the family
+    lacks."""
+    sizes = linear_sizes(shape)
+    targets = [HF_LINEARS.get(t, t) for t in
+               adapters.targets or LORA_DEFAULT_TARGETS[shape.family]]
+    unknown = [t for t in targets if t not in sizes]
+    if unknown:
+        raise ConfigError(f"--lora-targets {','.join(unknown)} matches no linear layer of a "
+                          f"{shape.family} model; pass some of {','.join(sorted(sizes))}")
+    per_layer = [sizes[t] for t in targets if t != "head"]
+    params = shape.n_layers // pp * sum(adapters.rank * (i + o) for i, o in per_layer)
+    tensors = shape.n_layers // pp * 2 * len(per_layer)
+    if "head" in targets:
+        params, tensors = params + adapters.rank * (shape.d_model + shape.vocab_size), tensors + 2
+    return params, tensors
+
+
 def _outside_blocks(shape: ModelConfig, pp: int) -> tuple[int, int]:
     """(parameters, parameter tensors) outside the blocks on the heaviest pipeline stage: all
     of them without a pipeline; else the first stage's embeddings or the last stage's final
@@ -88,14 +150,31 @@ def _split_params(shape: ModelConfig, tp: int, pp: int) -> tuple[int, int]:
     return layers * block + outside, layers * shape.block_tensors() + outside_tensors
 
 
-def state_bytes(shape: ModelConfig, layout: Layout) -> tuple[int, int, int]:
-    """Bytes per rank of (parameters, gradients, optimizer state) at rest."""
-    params, tensors = _split_params(shape, layout.tp, layout.pp)
+def frozen_base_bytes(shape: ModelConfig, layout: Layout, dtype: str) -> int:
+    """Bytes of a LoRA run's frozen base on the heaviest stage of one rank, before sharding:
+    its linear layers (the blocks' matmuls, an untied head) in the compute dtype, the rest
+    (embeddings, norms, a tied head) in fp32."""
+    params = _split_params(shape, layout.tp, layout.pp)[0]
+    linears = shape.n_layers // layout.pp * shape.block_matmul_params() // layout.tp + (
+        0 if shape.tied else shape.vocab_size * shape.d_model)
+    return params * FP32 - linears * (FP32 - (BF16 if dtype == "bf16" else FP32))
+
+
+def state_bytes(shape: ModelConfig, layout: Layout, dtype: str = "fp32",
+                adapters: Adapters | None = None) -> tuple[int, int, int]:
+    """Bytes per rank of (parameters, gradients, optimizer state) at rest; with ``adapters``
+    (LoRA, a gpt or llama family shape) only the adapters train (:func:`frozen_base_bytes`)."""
     dp = layout.dp
     shards = {"ddp": (1, 1, 1), "zero1": (1, 1, dp), "zero2": (dp, dp, dp),
               "zero3": (dp, dp, dp)}[layout.sharding]
-    return (params * FP32 // shards[0], params * FP32 // shards[1],
-            2 * params * FP32 // shards[2] + FP32 * tensors)
+    if adapters is not None and shape.family in FAMILIES:
+        trained, tensors = adapter_params(shape, adapters, layout.pp)
+        held = frozen_base_bytes(shape, layout, dtype) + trained * FP32
+    else:
+        trained, tensors = _split_params(shape, layout.tp, layout.pp)
+        held = trained * FP32
+    return (held // shards[0], trained * FP32 // shards[1],
+            2 * trained * FP32 // shards[2] + FP32 * tensors)
 
 
 def gathered_bytes(shape: ModelConfig, layout: Layout, dtype: str) -> int:
@@ -221,9 +300,9 @@ def precision(dtype: str, layout: Layout) -> str:
 
 
 def predict(shape: ModelConfig, micro_batch: int, seq: int, dtype: str, checkpointing: bool,
-            layout: Layout) -> Anatomy:
-    """The anatomy of one rank for one micro-batch in flight."""
-    params, grads, optimizer = state_bytes(shape, layout)
+            layout: Layout, adapters: Adapters | None = None) -> Anatomy:
+    """The anatomy of one rank for one micro-batch in flight (with LoRA's ``adapters``)."""
+    params, grads, optimizer = state_bytes(shape, layout, dtype, adapters)
     return Anatomy(params, grads, optimizer,
                    activation_bytes(shape, micro_batch, seq, precision(dtype, layout),
                                     checkpointing, layout.tp, layout.pp),
