@@ -14,10 +14,16 @@ from torch.distributed.checkpoint import FileSystemReader
 from bench.memory_probe import measure_step
 from tests.support.runs import REPO, TINY, child_env, losses, run_trainer, without
 from trainers.core.loop import build_optimizer
-from trainers.models import build_model, resolve_spec
+from trainers.models import build_model, materialize, resolve_spec, spec_of
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.torchfree.config import parse_config
-from trainers.torchfree.memory_formulas import Layout, anatomy_table, predict
+from trainers.torchfree.memory_formulas import (
+    Adapters,
+    Layout,
+    anatomy_table,
+    parse_targets,
+    predict,
+)
 from trainers.torchfree.shapes import MODEL_SIZES
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "gathered")
@@ -59,6 +65,30 @@ def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
     assert held <= measured.peak < 2 * predicted.total
 
 
+@pytest.mark.parametrize("name", ["tiny", "llama-tiny"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("targets", ["", "wq,down,head"])
+def test_single_process_lora_step_matches_the_formulas(name, dtype, targets):
+    """LoRA (the model the trainers build for --lora-rank, its frozen linear layers bf16
+    under --dtype bf16): the default targets, and ones that keep the MLP's and the head's
+    inputs."""
+    lora = ["--lora-rank", "4"] + (["--lora-targets", targets] if targets else [])
+    cfg = parse_config(["--model", name, "--dtype", dtype, *lora], "ddp", world_sizes=[1],
+                       check_paths=False)
+    spec = spec_of(cfg)
+    model = spec.meta_model()
+    materialize(model, torch.device("cpu"), 0, spec)
+    optimizer = build_optimizer(model, cfg)
+    batch, seq = 4, 64
+    inputs, targets_ = torch.randint(0, spec.shape.vocab_size, (2, batch, seq))
+    for _ in range(2):
+        measured = measure_step(model, optimizer, inputs, targets_, torch.autocast(
+            "cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"))
+    predicted = predict(spec.shape, batch, seq, dtype, False, Layout(),
+                        Adapters(4, parse_targets(targets)))
+    assert_within(dataclasses.asdict(measured), dataclasses.asdict(predicted))
+
+
 # Every sharding in fp32 and bf16 (FSDP's bf16 policy changes what is held and gathered), and
 # activation checkpointing once: it changes the activations alone, the same under any sharding
 # (the one-process cases check it in both dtypes).
@@ -66,18 +96,26 @@ TWO_RANK_CASES = ["ddp:fp32:0", "ddp:bf16:0", "zero2:fp32:0", "zero2:bf16:0", "z
                   "zero3:bf16:0", "zero3:fp32:1"]
 
 
+# LoRA rank 4 on the default targets: ddp and FSDP (ZeRO-3) in fp32 and bf16 (FSDP's bf16
+# policy over the frozen bf16 base and fp32 adapters), ZeRO-2 in bf16, checkpointing once.
+LORA_CASES = ["ddp:fp32:0:4", "ddp:bf16:0:4", "zero3:fp32:0:4", "zero3:bf16:0:4",
+              "zero2:bf16:0:4", "ddp:fp32:1:4"]
+
+
 @pytest.mark.slow
-def test_two_rank_steps_match_the_formulas(name="llama-tiny"):
+@pytest.mark.parametrize("cases", [TWO_RANK_CASES, LORA_CASES], ids=["full", "lora"])
+def test_two_rank_steps_match_the_formulas(cases, name="llama-tiny"):
     """The sharding formulas on 2 ranks, on llama-tiny (the layout's division of the states
-    does not depend on the family; every family's one-process formulas are checked above)."""
+    does not depend on the family; every family's one-process formulas are checked above),
+    training every parameter or LoRA's adapters."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-           "-m", "tests.support.workers.memory_anatomy", name, *TWO_RANK_CASES]
+           "-m", "tests.support.workers.memory_anatomy", name, *cases]
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(records) == 2 * len(TWO_RANK_CASES)  # a record per case and rank
+    assert len(records) == 2 * len(cases)  # a record per case and rank
     for record in records:
         try:
             assert_within(record["measured"], record["predicted"])

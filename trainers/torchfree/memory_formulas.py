@@ -189,7 +189,7 @@ def gathered_bytes(shape: ModelConfig, layout: Layout, dtype: str) -> int:
 
 
 def block_activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: str,
-                           tp: int = 1) -> int:
+                           tp: int = 1, adapters: Adapters | None = None) -> int:
     """Bytes one block holds for backward at the end of forward, per micro-batch.
 
     With ``e = batch x seq x d_model`` elements and ``n = batch x seq`` tokens, fp32 holds
@@ -205,7 +205,8 @@ def block_activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, preci
     for each matmul reading it: 4 casts in gpt, 5 in llama) while the residual stream stays
     fp32, and each weight's bf16 cast is held. ``bf16-params`` is FSDP's bf16 policy:
     parameters, and so every activation, are bf16, and no weight copies. Tensor parallelism
-    divides what lies inside its column/row-parallel regions by ``tp``.
+    divides what lies inside its column/row-parallel regions by ``tp``. With LoRA's
+    ``adapters``, less :func:`lora_block_savings`.
     """
     n, heads = micro_batch * seq, shape.n_heads
     e = n * shape.d_model
@@ -226,8 +227,61 @@ def block_activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, preci
     norm_stats = 1 if llama else 2
     stats = 2 * norm_stats * n * FP32 + heads // tp * n * FP32
     norms = 2 * rms_norm_bytes(e, precision) if llama else 0
+    savings = (0 if adapters is None or shape.family not in FAMILIES
+               else lora_block_savings(shape, n, precision, adapters))
     return replicated + norms + split // tp + weights + stats + attention_score_bytes(
-        shape, micro_batch, seq, tp)
+        shape, micro_batch, seq, tp) - savings
+
+
+def _lora_targets(shape: ModelConfig, adapters: Adapters) -> set[str]:
+    """The linear layers (our names) ``adapters`` targets in a model of ``shape``."""
+    return {HF_LINEARS.get(t, t) for t in adapters.targets or LORA_DEFAULT_TARGETS[shape.family]}
+
+
+def lora_block_savings(shape: ModelConfig, tokens: int, precision: str,
+                       adapters: Adapters) -> int:
+    """What one block of a LoRA run holds for backward less than full training does (measured
+    tensor by tensor), for ``tokens`` tokens: a frozen layer needs no gradient of its weight, so
+    a frozen linear layer's input is kept only when an adapter (whose ``lora_A`` reads the same
+    input) or another operation keeps it (the attention's input when none of wq, wk, wv is a
+    target, the MLP's when none of its input layers is, the down projection's when it is not);
+    a frozen RMSNorm keeps nothing in fp32 (:func:`rms_norm_bytes`; under FSDP's bf16 policy
+    one fp32 copy of a block's input stays, measured); under autocast each frozen layer's input cast
+    is not kept and its weight is already bf16 (no cast), while each adapter keeps its own
+    input cast and weight casts. Each adapter adds its ``lora_B``'s input (tokens x rank)."""
+    targets, llama = _lora_targets(shape, adapters), shape.family == "llama"
+    e = tokens * shape.d_model
+    width = FP32 if precision == "fp32" else BF16  # the matmuls' inputs
+    mlp_inputs = {"gate", "up"} if llama else {"up"}
+    saved = 0
+    if precision == "bf16":  # casts of the norms' outputs, one per reading layer; weights
+        readers = {"wq", "wk", "wv"} | mlp_inputs
+        saved += len(readers - targets) * e * BF16 + shape.block_matmul_params() * BF16
+        saved -= adapter_params(shape, adapters)[0] // shape.n_layers * BF16
+    else:  # the norms' outputs, kept once for all their readers
+        saved += (not targets & {"wq", "wk", "wv"}) * e * width
+        saved += (not targets & mlp_inputs) * e * width
+    if "down" not in targets:  # SwiGLU's product, or GELU's output
+        saved += (tokens * shape.d_ff if llama else 4 * e) * width
+    if llama:  # the RMSNorms' fp32 normalized inputs and copies of a bf16 input, but one
+        # such copy per block (measured under FSDP's bf16 policy)
+        saved += 2 * rms_norm_bytes(e, precision) - (e * FP32 if precision == "bf16-params"
+                                                     else 0)
+    block_targets = len(targets - {"head"})
+    return saved - block_targets * tokens * adapters.rank * width
+
+
+def lora_output_savings(shape: ModelConfig, tokens: int, precision: str,
+                        adapters: Adapters) -> int:
+    """What the output side of a LoRA run holds less than full training: a frozen head keeps
+    no input (nor, held in bf16, a cast of its weight), a frozen RMSNorm nothing in fp32."""
+    e = tokens * shape.d_model
+    saved = rms_norm_bytes(e, precision) if shape.family == "llama" else 0
+    if "head" not in _lora_targets(shape, adapters):
+        saved += e * (FP32 if precision == "fp32" else BF16)
+        if precision == "bf16" and not shape.tied:
+            saved += shape.vocab_size * shape.d_model * BF16
+    return saved
 
 
 def rms_norm_bytes(elements: int, precision: str) -> int:
@@ -262,7 +316,7 @@ def attention_score_bytes(shape: ModelConfig, micro_batch: int, seq: int, tp: in
 
 def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: str,
                      checkpointing: bool, tp: int = 1, pp: int = 1,
-                     output_side: bool = True) -> int:
+                     output_side: bool = True, adapters: Adapters | None = None) -> int:
     """Bytes held for backward at the end of forward by one rank, per micro-batch in flight.
 
     Besides its ``1/pp`` of the blocks a rank holds their input (the embedding output, or
@@ -272,13 +326,15 @@ def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: 
     (with the head weight's cast under autocast; an RMSNorm's normalized input too) and
     statistics and the fp32 log-probabilities of the loss (batch x seq x vocab x 4).
     With activation checkpointing each block keeps only its input; backward recomputes one
-    block at a time (:func:`block_activation_bytes` more, briefly).
+    block at a time (:func:`block_activation_bytes` more, briefly). LoRA's ``adapters``:
+    less what frozen layers need not keep (:func:`lora_block_savings`,
+    :func:`lora_output_savings`).
     """
     n, e = micro_batch * seq, micro_batch * seq * shape.d_model
     layers = shape.n_layers // pp
     stream = BF16 if precision == "bf16-params" else FP32  # the residual stream's width
     per_block = e * stream if checkpointing else block_activation_bytes(
-        shape, micro_batch, seq, precision, tp)
+        shape, micro_batch, seq, precision, tp, adapters)
     head = {"fp32": e * FP32, "bf16": e * BF16 + shape.vocab_size * shape.d_model * BF16,
             "bf16-params": e * BF16}[precision]
     llama = shape.family == "llama"
@@ -288,6 +344,8 @@ def activation_bytes(shape: ModelConfig, micro_batch: int, seq: int, precision: 
     # so the last block's output (the final norm's input) comes on the output side.
     stream_copy = e * stream if output_side or not checkpointing else 0
     output = head + norm + n * shape.vocab_size * FP32 if output_side else 0
+    if output_side and adapters is not None and shape.family in FAMILIES:
+        output -= lora_output_savings(shape, n, precision, adapters)
     return layers * per_block + stream_copy + output
 
 
@@ -305,7 +363,7 @@ def predict(shape: ModelConfig, micro_batch: int, seq: int, dtype: str, checkpoi
     params, grads, optimizer = state_bytes(shape, layout, dtype, adapters)
     return Anatomy(params, grads, optimizer,
                    activation_bytes(shape, micro_batch, seq, precision(dtype, layout),
-                                    checkpointing, layout.tp, layout.pp),
+                                    checkpointing, layout.tp, layout.pp, adapters=adapters),
                    gathered_bytes(shape, layout, dtype))
 
 
