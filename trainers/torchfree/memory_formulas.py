@@ -372,9 +372,11 @@ def _gib(value: int) -> str:
 
 
 def anatomy_table(shape: ModelConfig, micro_batch: int, seq: int, dtype: str,
-                  checkpointing: bool, devices: int, tp: int = 1, pp: int = 1) -> str:
+                  checkpointing: bool, devices: int, tp: int = 1, pp: int = 1,
+                  adapters: Adapters | None = None) -> str:
     """Per-rank GiB of every category under DDP and ZeRO-1/2/3 over the ``devices / (tp x
-    pp)`` data-parallel ranks of ``devices`` (a pipeline's: its heaviest stage's)."""
+    pp)`` data-parallel ranks of ``devices`` (a pipeline's: its heaviest stage's), training
+    every parameter or LoRA's ``adapters``."""
     dp = devices // (tp * pp)
     degrees = "".join(f", {name} {value}" for name, value in (("tp", tp), ("pp", pp))
                       if value > 1)
@@ -382,7 +384,7 @@ def anatomy_table(shape: ModelConfig, micro_batch: int, seq: int, dtype: str,
              f"{'gathered':>8} {'total':>8}   (GiB per rank, {devices} ranks{degrees})"]
     for sharding in SHARDINGS:
         a = predict(shape, micro_batch, seq, dtype, checkpointing,
-                    Layout(sharding, dp=dp, tp=tp, pp=pp))
+                    Layout(sharding, dp=dp, tp=tp, pp=pp), adapters)
         lines.append(f"{sharding:8} {_gib(a.params)} {_gib(a.grads)} {_gib(a.optimizer)} "
                      f"{_gib(a.activations)} {_gib(a.gathered)} {_gib(a.total)}")
     return "\n".join(lines)
