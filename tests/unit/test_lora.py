@@ -15,6 +15,7 @@ from trainers.models.registry import family_key
 from trainers.torchfree.checkpoint_files import find_checkpoints
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.shapes import MODEL_SIZES
 
 
 def _adapted(name: str, targets: str = "", seed: int = 0) -> torch.nn.Module:
@@ -147,3 +148,17 @@ def test_a_bf16_run_holds_the_frozen_linears_in_bf16_and_computes_the_same(name)
             model(tokens).float().sum().backward()
         grads.append([p.grad for p in model.parameters() if p.requires_grad])
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+def test_mfu_counts_a_lora_step_as_4_flops_per_base_weight_and_6_per_adapter():
+    """The base's weights get no gradient: 4 N (forward, input gradients) instead of 6 N,
+    plus 6 per adapter parameter (llama-8b's untied embedding is a lookup, not counted)."""
+    from trainers.core.run_state import model_flops_per_token
+
+    shape = MODEL_SIZES["llama-8b"]
+    weights = shape.num_params() - shape.vocab_size * shape.d_model
+    args = ["--model", "llama-8b", "--seq-len", "2048"]
+    full = model_flops_per_token(parse_config(args, "ddp"), shape)
+    lora = model_flops_per_token(parse_config([*args, "--lora-rank", "16"], "ddp"), shape)
+    assert full == shape.flops_per_token(2048)
+    assert full - lora == 2 * weights - 6 * 32 * 16 * (2 * 4096 + 4096 + 1024)  # wq, wv
