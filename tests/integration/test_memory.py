@@ -198,6 +198,21 @@ def test_the_3d_table_prices_the_heaviest_stage():
     assert table in out.stdout
 
 
+def test_the_lora_table_prices_the_frozen_base_and_the_adapters():
+    """``trainers.memory --lora-rank 16``: llama-8b's base in bf16 but embeddings and norms,
+    gradients and AdamW state for its 6.82M adapter parameters alone."""
+    shape, adapters = MODEL_SIZES["llama-8b"], Adapters(16)
+    ddp = predict(shape, 1, 8192, "bf16", False, Layout("ddp", dp=8), adapters)
+    assert ddp.grads == 4 * 32 * 16 * (2 * 4096 + 4096 + 1024)  # wq, wv
+    outside = shape.vocab_size * shape.d_model + (2 * 32 + 1) * shape.d_model
+    assert ddp.params == 2 * (shape.num_params() - outside) + 4 * outside + ddp.grads
+    table = anatomy_table(shape, 1, 8192, "bf16", False, 8, adapters=adapters)
+    out = subprocess.run([sys.executable, "-m", "trainers.memory", "--model", "llama-8b",
+                          "--seq-len", "8192", "--lora-rank", "16"],
+                         capture_output=True, text=True, check=True, cwd=REPO)
+    assert "LoRA rank 16: 6.82M adapter parameters" in out.stdout and table in out.stdout
+
+
 def test_unknown_sharding_is_refused():
     with pytest.raises(ValueError, match="unknown sharding 'zero4'"):
         Layout("zero4")

@@ -134,6 +134,10 @@ def assert_planner_commands_accepted(scheduler: str) -> None:
     (["--dtype", "fp8"], "invalid choice: 'fp8'"),
     (["--heads", "5"], "--heads 5 does not divide the hidden size 4096"),
     (["--model", "7b", "--device-memory-gb", "4"], "no configuration fits 4.0 GiB"),
+    (["--lora-rank=-1"], "--lora-rank must be >= 0"),
+    (["--lora-targets", "wq"], "--lora-targets applies only to LoRA; pass --lora-rank R"),
+    (["--model", "llama-tiny", "--lora-rank", "4", "--lora-targets", "nope"],
+     "--lora-targets nope matches no linear layer of a llama model; pass some of "),
 ])
 def test_plan_command_rejects_bad_input_in_one_line(args, message):
     proc = subprocess.run([sys.executable, "-m", "trainers.plan", *args], capture_output=True,
