@@ -5,6 +5,7 @@ gradient buckets and FSDP's padded shards count as allocated.
 """
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Iterable
 
 import torch
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
+from torch.utils.hooks import RemovableHandle
 
 from trainers.torchfree.memory_formulas import Anatomy
 
@@ -38,6 +40,21 @@ def union(*tallies: Tally) -> int:
     return sum({ptr: size for t in tallies for ptr, size in t.storages.items()}.values())
 
 
+class FrozenAwareTracker(MemTracker):
+    """torch's ``MemTracker``, which also works on a model with frozen parameters (LoRA's
+    base): it registers a gradient hook on every parameter a module's forward reads (under
+    FSDP the unsharded ones of that moment), which raises for one that does not require
+    gradients; this one gives such a parameter handles that remove nothing, so it is skipped."""
+
+    def _track_module_params_and_buffers(self, module: nn.Module,
+                                         install_grad_hooks: bool = True) -> tuple[int, int]:
+        none = RemovableHandle(OrderedDict())
+        for param in module.parameters():
+            if not param.requires_grad:
+                self._param_to_grad_hook_handles.setdefault(param, (none, none))
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+
 def measure_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
                  targets: torch.Tensor,
                  autocast: contextlib.AbstractContextManager | None = None) -> Anatomy:
@@ -50,7 +67,7 @@ def measure_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: tor
     device = inputs.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    tracker = MemTracker()
+    tracker = FrozenAwareTracker()
     tracker.track_external(model, optimizer)
     with tracker:
         before = tracker.get_tracker_snapshot()[device]

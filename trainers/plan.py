@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from trainers.torchfree.config import OneLineParser, exit_on_config_error
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.memory_formulas import FAMILIES, Adapters, parse_targets
 from trainers.torchfree.model_names import MODEL_HELP, model_shape
 from trainers.torchfree.planner import GIB, custom_shape, recommend, table
 from trainers.torchfree.resources import GPU_MEMORY_GB, gpu_memory_gb, node_request
@@ -42,6 +43,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "or :cpu with --device cpu; push it to your registry)")
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="LoRA: rank of the adapters (0: train every parameter); only the "
+                             "trainers that serve LoRA are planned")
+    parser.add_argument("--lora-targets", default="",
+                        help="LoRA: comma-separated linear layers (default: the family's)")
     shape_group = parser.add_argument_group("a shape of your own (overrides --model's)")
     for flag in ("layers", "heads", "hidden", "vocab", "context"):
         shape_group.add_argument(f"--{flag}", type=int, default=0)
@@ -58,21 +64,44 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not 0 < seq <= shape.max_seq_len:
             raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}; pass "
                               "one in that range or 0 (the model's context)")
+        adapters = _adapters(args, shape.family)
         devices = args.devices_per_node * args.nodes
         print(f"{args.model}: {shape.num_params() / 1e9:.2f}B parameters, {seq} tokens, "
               f"{args.dtype}, {args.nodes} x {args.devices_per_node} devices of "
-              f"{args.device_memory_gb:g} GiB")
-        print(table(shape, seq, args.dtype, devices, args.device))
+              f"{args.device_memory_gb:g} GiB"
+              + (f", LoRA rank {args.lora_rank}" if adapters else ""))
+        print(table(shape, seq, args.dtype, devices, args.device, adapters))
         best = recommend(shape, seq, args.global_batch, args.devices_per_node, args.nodes,
-                         int(args.device_memory_gb * GIB), args.dtype, args.device)
+                         int(args.device_memory_gb * GIB), args.dtype, args.device, adapters)
     print(f"\nrecommended: {best.describe()}: {best.peak_bytes / GIB:.1f} GiB per rank")
     if any(getattr(args, flag) for flag in ("layers", "heads", "hidden", "vocab", "context")):
         print("  (a shape of your own: give the trainers a --model that has it, e.g. "
               "MODULE:ATTR, in the command's place)")
         return
     trainer_args = (f"--model {args.model} --batch-size {args.global_batch} --dtype {args.dtype} "
-                    + best.flags() + (f" --seq-len {args.seq_len}" if args.seq_len else ""))
+                    + best.flags() + (f" --seq-len {args.seq_len}" if args.seq_len else "")
+                    + (f" --lora-rank {args.lora_rank}" if adapters else "")
+                    + (f" --lora-targets {args.lora_targets}" if adapters and args.lora_targets
+                       else ""))
     print("  " + torchx_command(args, TRAINERS[best.trainer].component, trainer_args))
+
+
+def _adapters(args: argparse.Namespace, family: str) -> Adapters | None:
+    """The LoRA adapters ``args`` ask for (None: every parameter trained); ConfigError for a
+    negative rank, targets without a rank, or a family whose linear layers the anatomy does
+    not know."""
+    if args.lora_rank < 0:
+        raise ConfigError(f"--lora-rank must be >= 0 (0: train every parameter), got "
+                          f"{args.lora_rank}")
+    if not args.lora_rank:
+        if args.lora_targets:
+            raise ConfigError("--lora-targets applies only to LoRA; pass --lora-rank R (e.g. 8) "
+                              "or drop --lora-targets")
+        return None
+    if family not in FAMILIES:
+        raise ConfigError(f"--lora-rank: the planner knows the linear layers of the "
+                          f"{', '.join(FAMILIES)} families only; drop --lora-rank")
+    return Adapters(args.lora_rank, parse_targets(args.lora_targets))
 
 
 def _check_numbers(args: argparse.Namespace) -> None:

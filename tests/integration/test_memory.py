@@ -9,14 +9,21 @@ import sys
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 
 from bench.memory_probe import measure_step
-from tests.support.runs import REPO, child_env
+from tests.support.runs import REPO, TINY, child_env, losses, run_trainer, without
 from trainers.core.loop import build_optimizer
-from trainers.models import build_model, resolve_spec
+from trainers.models import build_model, materialize, resolve_spec, spec_of
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.torchfree.config import parse_config
-from trainers.torchfree.memory_formulas import Layout, anatomy_table, predict
+from trainers.torchfree.memory_formulas import (
+    Adapters,
+    Layout,
+    anatomy_table,
+    parse_targets,
+    predict,
+)
 from trainers.torchfree.shapes import MODEL_SIZES
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "gathered")
@@ -58,6 +65,30 @@ def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
     assert held <= measured.peak < 2 * predicted.total
 
 
+@pytest.mark.parametrize("name", ["tiny", "llama-tiny"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("targets", ["", "wq,down,head"])
+def test_single_process_lora_step_matches_the_formulas(name, dtype, targets):
+    """LoRA (the model the trainers build for --lora-rank, its frozen linear layers bf16
+    under --dtype bf16): the default targets, and ones that keep the MLP's and the head's
+    inputs."""
+    lora = ["--lora-rank", "4"] + (["--lora-targets", targets] if targets else [])
+    cfg = parse_config(["--model", name, "--dtype", dtype, *lora], "ddp", world_sizes=[1],
+                       check_paths=False)
+    spec = spec_of(cfg)
+    model = spec.meta_model()
+    materialize(model, torch.device("cpu"), 0, spec)
+    optimizer = build_optimizer(model, cfg)
+    batch, seq = 4, 64
+    inputs, targets_ = torch.randint(0, spec.shape.vocab_size, (2, batch, seq))
+    for _ in range(2):
+        measured = measure_step(model, optimizer, inputs, targets_, torch.autocast(
+            "cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"))
+    predicted = predict(spec.shape, batch, seq, dtype, False, Layout(),
+                        Adapters(4, parse_targets(targets)))
+    assert_within(dataclasses.asdict(measured), dataclasses.asdict(predicted))
+
+
 # Every sharding in fp32 and bf16 (FSDP's bf16 policy changes what is held and gathered), and
 # activation checkpointing once: it changes the activations alone, the same under any sharding
 # (the one-process cases check it in both dtypes).
@@ -65,18 +96,26 @@ TWO_RANK_CASES = ["ddp:fp32:0", "ddp:bf16:0", "zero2:fp32:0", "zero2:bf16:0", "z
                   "zero3:bf16:0", "zero3:fp32:1"]
 
 
+# LoRA rank 4 on the default targets: ddp and FSDP (ZeRO-3) in fp32 and bf16 (FSDP's bf16
+# policy over the frozen bf16 base and fp32 adapters), ZeRO-2 in bf16, checkpointing once.
+LORA_CASES = ["ddp:fp32:0:4", "ddp:bf16:0:4", "zero3:fp32:0:4", "zero3:bf16:0:4",
+              "zero2:bf16:0:4", "ddp:fp32:1:4"]
+
+
 @pytest.mark.slow
-def test_two_rank_steps_match_the_formulas(name="llama-tiny"):
+@pytest.mark.parametrize("cases", [TWO_RANK_CASES, LORA_CASES], ids=["full", "lora"])
+def test_two_rank_steps_match_the_formulas(cases, name="llama-tiny"):
     """The sharding formulas on 2 ranks, on llama-tiny (the layout's division of the states
-    does not depend on the family; every family's one-process formulas are checked above)."""
+    does not depend on the family; every family's one-process formulas are checked above),
+    training every parameter or LoRA's adapters."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-           "-m", "tests.support.workers.memory_anatomy", name, *TWO_RANK_CASES]
+           "-m", "tests.support.workers.memory_anatomy", name, *cases]
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(records) == 2 * len(TWO_RANK_CASES)  # a record per case and rank
+    assert len(records) == 2 * len(cases)  # a record per case and rank
     for record in records:
         try:
             assert_within(record["measured"], record["predicted"])
@@ -159,6 +198,21 @@ def test_the_3d_table_prices_the_heaviest_stage():
     assert table in out.stdout
 
 
+def test_the_lora_table_prices_the_frozen_base_and_the_adapters():
+    """``trainers.memory --lora-rank 16``: llama-8b's base in bf16 but embeddings and norms,
+    gradients and AdamW state for its 6.82M adapter parameters alone."""
+    shape, adapters = MODEL_SIZES["llama-8b"], Adapters(16)
+    ddp = predict(shape, 1, 8192, "bf16", False, Layout("ddp", dp=8), adapters)
+    assert ddp.grads == 4 * 32 * 16 * (2 * 4096 + 4096 + 1024)  # wq, wv
+    outside = shape.vocab_size * shape.d_model + (2 * 32 + 1) * shape.d_model
+    assert ddp.params == 2 * (shape.num_params() - outside) + 4 * outside + ddp.grads
+    table = anatomy_table(shape, 1, 8192, "bf16", False, 8, adapters=adapters)
+    out = subprocess.run([sys.executable, "-m", "trainers.memory", "--model", "llama-8b",
+                          "--seq-len", "8192", "--lora-rank", "16"],
+                         capture_output=True, text=True, check=True, cwd=REPO)
+    assert "LoRA rank 16: 6.82M adapter parameters" in out.stdout and table in out.stdout
+
+
 def test_unknown_sharding_is_refused():
     with pytest.raises(ValueError, match="unknown sharding 'zero4'"):
         Layout("zero4")
@@ -177,3 +231,23 @@ def test_attention_implementations_match_the_formulas(name, seq, attention, wind
         measured = measure_step(model, optimizer, inputs, targets)
     predicted = predict(model.cfg, 2, seq, "fp32", False, Layout())
     assert_within(dataclasses.asdict(measured), dataclasses.asdict(predicted))
+
+
+@pytest.mark.slow
+def test_a_bf16_lora_run_on_two_fsdp_ranks_trains_and_resumes_exactly(tmp_path):
+    """The frozen bf16 base (one FSDP2 unit holding bf16 frozen and fp32 adapter parameters
+    under the bf16 policy) trains: the loss falls; a resume from step 4 repeats the
+    uninterrupted run's losses exactly; the checkpoint holds adapters alone."""
+    args = [*without(TINY, "--model"), "--model", "llama-tiny", "--dtype", "bf16",
+            "--lora-rank", "4", "--lr", "1e-2", "--checkpoint-every", "4"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run_trainer([*args, "--output-dir", str(whole)], nproc=2, module="trainers.fsdp")
+    reference = losses(whole)
+    assert reference[8] < reference[1] - 0.02
+    run_trainer([*args, "--output-dir", str(resumed), "--resume",
+                 str(whole / "checkpoints" / "step_00000004")], nproc=2, module="trainers.fsdp")
+    assert losses(resumed) == {s: v for s, v in reference.items() if s > 4}
+    saved = FileSystemReader(str(whole / "checkpoints" / "step_00000008"))
+    model_keys = [k for k in saved.read_metadata().state_dict_metadata
+                  if k.startswith("train.model.")]
+    assert model_keys and all(".lora_" in k for k in model_keys)

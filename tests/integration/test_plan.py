@@ -16,8 +16,8 @@ from components.pipeline import pipeline
 from tests.support.runs import REPO, child_env, torchx_cli
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.memory_formulas import activation_bytes
-from trainers.torchfree.planner import GIB, job_candidate, recommend
+from trainers.torchfree.memory_formulas import Adapters, activation_bytes
+from trainers.torchfree.planner import GIB, candidates, job_candidate, recommend
 from trainers.torchfree.shapes import MODEL_SIZES
 
 
@@ -134,6 +134,10 @@ def assert_planner_commands_accepted(scheduler: str) -> None:
     (["--dtype", "fp8"], "invalid choice: 'fp8'"),
     (["--heads", "5"], "--heads 5 does not divide the hidden size 4096"),
     (["--model", "7b", "--device-memory-gb", "4"], "no configuration fits 4.0 GiB"),
+    (["--lora-rank=-1"], "--lora-rank must be >= 0"),
+    (["--lora-targets", "wq"], "--lora-targets applies only to LoRA; pass --lora-rank R"),
+    (["--model", "llama-tiny", "--lora-rank", "4", "--lora-targets", "nope"],
+     "--lora-targets nope matches no linear layer of a llama model; pass some of "),
 ])
 def test_plan_command_rejects_bad_input_in_one_line(args, message):
     proc = subprocess.run([sys.executable, "-m", "trainers.plan", *args], capture_output=True,
@@ -162,6 +166,51 @@ def test_components_refuse_a_job_that_cannot_fit():
         fsdp("--model", "1b")  # CPU node of 4096 MB for 2 processes
     pipeline("--model", "small", "--pp", "2", "--schedule", "1f1b", "--microbatches", "8",
              "--batch-size", "8")
+
+
+LORA_8B = ("--model", "llama-8b", "--lora-rank", "16", "--nodes", "1", "--devices-per-node",
+           "8", "--device-memory-gb", "40")
+
+
+def test_lora_on_llama_8b_fits_8_devices_of_40_gb_and_its_command_is_accepted():
+    """LoRA r=16 on one node of 8 x 40 GB: DDP with activation checkpointing (full training
+    needs FSDP there); the printed command carries --lora-rank 16 and dry-runs as printed."""
+    out = _plan(*LORA_8B)
+    assert "recommended: ddp (dp 8), micro-batch 2 x 16 accumulation, activation checkpointing"\
+        in out
+    assert ("torchx run -s slurm components/ddp.py:ddp -j 1x8 --gpu 8 --device_memory_gb 40 "
+            "--cpu 64 --memMB 262144 -- --model llama-8b --batch-size 256 --dtype bf16 "
+            "--grad-accum 16 --activation-checkpointing --lora-rank 16") in out
+    assert "recommended: fsdp" in _plan(*[a for a in LORA_8B if a not in ("--lora-rank", "16")])
+    out = _plan(*LORA_8B, "--scheduler", "kubernetes")
+    (command,) = [line.strip() for line in out.splitlines()
+                  if line.strip().startswith("torchx run ")]
+    proc = torchx_cli("run", "--dryrun", "--workspace", "", *command.split()[2:])
+    assert proc.returncode == 0, (command, proc.stderr[-2000:])
+    assert "--lora-rank" in proc.stdout
+
+
+def test_lora_candidates_are_the_trainers_that_serve_lora():
+    """Where only tensor or pipeline parallelism would fit, a LoRA plan has none to offer."""
+    shape, adapters = MODEL_SIZES["llama-8b"], Adapters(16)
+    trainers = {c.trainer for c in candidates(shape, 8192, 16, 8, 2, "bf16", "cuda", adapters)}
+    assert trainers == {"ddp", "fsdp"}
+    assert {c.trainer for c in candidates(shape, 8192, 16, 8, 2, "bf16", "cuda")} == {
+        "ddp", "fsdp", "tensor_parallel", "pipeline"}
+    with pytest.raises(ConfigError, match="no configuration fits 4.0 GiB"):
+        recommend(shape, 8192, 16, 8, 2, 4 * GIB, "bf16", "cuda", adapters)
+
+
+def test_the_pre_flight_prices_lora_jobs():
+    """A LoRA job the full-training price would refuse is scheduled; its candidate holds
+    adapter-sized gradients."""
+    job = ["--model", "llama-8b", "--dtype", "bf16", "--batch-size", "256", "--grad-accum",
+           "16", "--activation-checkpointing"]
+    ddp(*job, "--lora-rank", "16", gpu=8, j="1x8", device_memory_gb=40)
+    with pytest.raises(ComponentArgumentError, match="try trainers.fsdp"):
+        ddp(*job, gpu=8, j="1x8", device_memory_gb=40)
+    cfg = parse_config([*job, "--lora-rank", "16"], "ddp", world_sizes=[8])
+    assert job_candidate(cfg, "ddp", 8, "cuda").anatomy.grads == 6_815_744 * 4
 
 
 def _limit_memory() -> None:

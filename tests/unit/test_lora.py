@@ -15,6 +15,7 @@ from trainers.models.registry import family_key
 from trainers.torchfree.checkpoint_files import find_checkpoints
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.shapes import MODEL_SIZES
 
 
 def _adapted(name: str, targets: str = "", seed: int = 0) -> torch.nn.Module:
@@ -117,3 +118,47 @@ def test_bad_lora_options_are_one_line(args, message):
     with pytest.raises(ConfigError) as error:
         parse_config(args, "ddp")
     assert str(error.value) == message
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama-tiny"])
+def test_a_bf16_run_holds_the_frozen_linears_in_bf16_and_computes_the_same(name):
+    """Under --dtype bf16 the frozen linear layers are bf16 (a tied head stays the fp32
+    embedding; norms, embeddings and adapters fp32), the bf16 rounding of the fp32 base, so
+    under autocast logits and adapter gradients equal those of an fp32 base bitwise; fp32
+    runs keep an fp32 base."""
+    args = [*without(TINY, "--model"), "--model", name, "--lora-rank", "4"]
+    models = {}
+    for dtype in ("fp32", "bf16"):
+        spec = spec_of(parse_config([*args, "--dtype", dtype], "ddp"))
+        models[dtype] = spec.meta_model()
+        materialize(models[dtype], torch.device("cpu"), 0, spec)
+    assert {p.dtype for p in models["fp32"].parameters()} == {torch.float32}
+    linears = {f"{path}.weight" for path, m in models["bf16"].named_modules()
+               if isinstance(m, torch.nn.Linear) and path.rpartition(".")[2] not in
+               ("lora_A", "lora_B") and not (name == "tiny" and path == "head")}
+    dtypes = {n: p.dtype for n, p in models["bf16"].named_parameters(remove_duplicate=False)}
+    assert linears and {n for n, d in dtypes.items() if d == torch.bfloat16} == linears
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for model in models.values():
+        for layer in adapters(model).values():  # B != 0, so the adapters' inputs matter
+            torch.nn.init.normal_(layer.lora_B.weight, 0, 0.1,
+                                  generator=torch.Generator().manual_seed(1))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(tokens).float().sum().backward()
+        grads.append([p.grad for p in model.parameters() if p.requires_grad])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+def test_mfu_counts_a_lora_step_as_4_flops_per_base_weight_and_6_per_adapter():
+    """The base's weights get no gradient: 4 N (forward, input gradients) instead of 6 N,
+    plus 6 per adapter parameter (llama-8b's untied embedding is a lookup, not counted)."""
+    from trainers.core.run_state import model_flops_per_token
+
+    shape = MODEL_SIZES["llama-8b"]
+    weights = shape.num_params() - shape.vocab_size * shape.d_model
+    args = ["--model", "llama-8b", "--seq-len", "2048"]
+    full = model_flops_per_token(parse_config(args, "ddp"), shape)
+    lora = model_flops_per_token(parse_config([*args, "--lora-rank", "16"], "ddp"), shape)
+    assert full == shape.flops_per_token(2048)
+    assert full - lora == 2 * weights - 6 * 32 * 16 * (2 * 4096 + 4096 + 1024)  # wq, wv

@@ -25,8 +25,10 @@ from trainers.core.distributed import DistEnv
 from trainers.core.metrics import MetricsWriter, bf16_matmul_hardware, measure_peak_flops
 from trainers.core.strategy import Strategy
 from trainers.torchfree.faults import KillPoint
+from trainers.torchfree.memory_formulas import adapter_params
+from trainers.torchfree.planner import adapters_of
 from trainers.torchfree.run_record import changed_options
-from trainers.torchfree.shapes import ModelConfig
+from trainers.torchfree.shapes import FAMILIES, ModelConfig
 from trainers.torchfree.storage import RunPath, location
 from trainers.torchfree.train_config import TrainConfig
 
@@ -67,7 +69,7 @@ class Throughput:
                 "AVX512-BF16 or an Ampere GPU): bf16 is converted in software and slower "
                 "than fp32; --dtype fp32 trains faster here")
         peak_flops = cfg.peak_tflops * 1e12 or measure_peak_flops(env.device, compute_dtype)
-        return cls(shape.flops_per_token(cfg.seq_len) / (peak_flops * env.world_size))
+        return cls(model_flops_per_token(cfg, shape) / (peak_flops * env.world_size))
 
     def of_step(self, seconds: float, tokens: float) -> dict[str, float]:
         """``step_time_s``, ``tokens_per_s`` and ``mfu`` of a step that took ``seconds`` and
@@ -75,6 +77,16 @@ class Throughput:
         included)."""
         return {"step_time_s": seconds, "tokens_per_s": tokens / seconds,
                 "mfu": tokens / seconds * self.mfu_per_token_per_s}
+
+
+def model_flops_per_token(cfg: TrainConfig, shape: ModelConfig) -> int:
+    """The FLOPs per token MFU counts for ``cfg``'s run: a LoRA run's (``--lora-rank``) with
+    the base frozen (4 per base weight and 6 per adapter parameter) where the family's linear
+    layers are known (gpt, llama), else full training's 6 per parameter."""
+    adapters = adapters_of(cfg)
+    if adapters is None or shape.family not in FAMILIES:
+        return shape.flops_per_token(cfg.seq_len)
+    return shape.flops_per_token(cfg.seq_len, adapter_params(shape, adapters)[0])
 
 
 @dataclass

@@ -10,6 +10,15 @@ by the base spec's ``init_parameter`` (``hf:DIR``'s safetensors, a family's seed
 adapters from the same ``(seed, name)`` generators :func:`trainers.models.weights.materialize`
 gives every parameter, so every trainer at every world size starts from the same adapters.
 
+A training run with ``--dtype bf16`` holds the frozen base's linear layers (their weights and
+biases: every ``nn.Linear`` but the adapters, targeted or not, the head included unless it is
+tied to the embedding) in bf16 (:func:`spec_of`, ``frozen_dtype``): they never step, so they
+need no fp32 master, and autocast and FSDP's bf16 policy compute with their bf16 cast anyway.
+:func:`trainers.models.weights.materialize` fills them with the bf16 rounding of their fp32
+initial value, so such a run computes exactly what it did with an fp32 base. Embeddings and
+norms stay fp32 (autocast reads them in fp32), and so do the adapters. A run's model rebuilt
+for sampling and export (:func:`run_spec`) keeps an fp32 base.
+
 Every trainer builds from the spec :func:`spec_of` resolves (:func:`run_spec` for a run's
 recorded options: sampling, export), which applies this when ``--lora-rank`` > 0, so adapters
 exist before any parallelism is applied (FSDP2 then wraps frozen and trainable parameters in
@@ -32,14 +41,10 @@ from torch import nn
 from trainers.models.protocol import ModelSpec
 from trainers.models.registry import family_key, resolve_spec
 from trainers.torchfree.errors import ConfigError
+from trainers.torchfree.memory_formulas import LORA_DEFAULT_TARGETS, parse_targets
 
 if TYPE_CHECKING:
     from trainers.torchfree.train_config import TrainConfig
-
-# Family key (trainers.models.registry.family_key) -> the last name parts of the layers
-# --lora-targets defaults to (PEFT's defaults: GPT-2's c_attn is our wq, wk, wv; Llama's
-# q_proj, v_proj). Other families (MODULE:ATTR): every linear layer inside the blocks.
-DEFAULT_TARGETS = {"gpt": ("wq", "wk", "wv"), "llama": ("wq", "wv"), "hf": ("q_proj", "v_proj")}
 
 ADAPTER_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 
@@ -68,18 +73,15 @@ class LoRALinear(nn.Linear):
         return self.lora_B.weight @ self.lora_A.weight * self.scaling
 
 
-def parse_targets(targets: str) -> tuple[str, ...]:
-    """``--lora-targets`` as a tuple of names (empty: the family's default)."""
-    return tuple(t.strip() for t in targets.split(",") if t.strip())
-
-
 def target_modules(model: nn.Module, spec: ModelSpec, family: str,
                    targets: tuple[str, ...]) -> list[str]:
     """The paths of ``model``'s linear layers that ``targets`` (last name parts; empty: the
     default of ``family``) name. ConfigError naming the candidates when a target matches
     none."""
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    wanted = targets or DEFAULT_TARGETS.get(family, ())
+    # Family key (trainers.models.registry.family_key) -> the default targets; other families
+    # (MODULE:ATTR): every linear layer inside the blocks.
+    wanted = targets or LORA_DEFAULT_TARGETS.get(family, ())
     if not wanted:
         return [n for n in linears if n.startswith(spec.blocks + ".")]
     found = [n for n in linears if n.rpartition(".")[2] in wanted]
@@ -103,16 +105,33 @@ def add_adapters(model: nn.Module, paths: list[str], rank: int, alpha: float,
     return model
 
 
+def hold_frozen_linears(model: nn.Module, dtype: torch.dtype, shared: Mapping[str, str]) -> None:
+    """Hold the weight and bias of every frozen linear layer of ``model`` (adapters excepted)
+    in ``dtype``, in place; a parameter that aliases another (a tied head, named in
+    ``shared``) is left as it is."""
+    for path, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or path.rpartition(".")[2] in ("lora_A", "lora_B"):
+            continue
+        for attribute in ("weight", "bias"):
+            param = module._parameters.get(attribute)
+            if (param is not None and not param.requires_grad
+                    and f"{path}.{attribute}" not in shared):
+                module._parameters[attribute] = nn.Parameter(param.to(dtype), requires_grad=False)
+
+
 def with_lora(spec: ModelSpec, family: str, rank: int, alpha: float, dropout: float,
-              targets: str) -> ModelSpec:
+              targets: str, frozen_dtype: torch.dtype = torch.float32) -> ModelSpec:
     """The spec of ``spec``'s model (of family key ``family``) with rank-``rank`` adapters on
-    the layers ``targets`` names (see the module doc); ConfigError when a target matches no
-    linear layer."""
+    the layers ``targets`` names, the frozen linear layers held in ``frozen_dtype`` (see the
+    module doc); ConfigError when a target matches no linear layer."""
     paths = target_modules(spec.meta_model(), spec, family, parse_targets(targets))
     base_init = spec.init_parameter
 
     def build() -> nn.Module:
-        return add_adapters(spec.build(), paths, rank, alpha, dropout)
+        model = add_adapters(spec.build(), paths, rank, alpha, dropout)
+        if frozen_dtype != torch.float32:
+            hold_frozen_linears(model, frozen_dtype, spec.shared_parameters)
+        return model
 
     def init_parameter(name: str, value: torch.Tensor, generator: torch.Generator) -> None:
         if name.endswith(ADAPTER_SUFFIXES[0]):
@@ -125,28 +144,31 @@ def with_lora(spec: ModelSpec, family: str, rank: int, alpha: float, dropout: fl
     return dataclasses.replace(spec, build=build, init_parameter=init_parameter, tp_plan=None)
 
 
-def lora_from_options(spec: ModelSpec, family: str, options: Mapping[str, Any]) -> ModelSpec:
+def lora_from_options(spec: ModelSpec, family: str, options: Mapping[str, Any],
+                      frozen_dtype: torch.dtype = torch.float32) -> ModelSpec:
     """``spec`` (of family key ``family``) with the adapters a run's options ask for (a
-    ``TrainConfig`` as a dict, or the config in a checkpoint's manifest); ``spec`` itself when
-    ``lora_rank`` is 0 or absent."""
+    ``TrainConfig`` as a dict, or the config in a checkpoint's manifest), its frozen linear
+    layers in ``frozen_dtype``; ``spec`` itself when ``lora_rank`` is 0 or absent."""
     rank = options.get("lora_rank", 0)
     if not rank:
         return spec
     return with_lora(spec, family, rank, options["lora_alpha"], options["lora_dropout"],
-                     options["lora_targets"])
+                     options["lora_targets"], frozen_dtype)
 
 
-def run_spec(options: Mapping[str, Any]) -> ModelSpec:
+def run_spec(options: Mapping[str, Any], frozen_dtype: torch.dtype = torch.float32) -> ModelSpec:
     """The spec of the model a run trains from its options (a ``TrainConfig`` as a dict, or
-    the config in a checkpoint's manifest), with adapters when ``lora_rank`` > 0."""
+    the config in a checkpoint's manifest), with adapters when ``lora_rank`` > 0 (the frozen
+    linear layers in ``frozen_dtype``)."""
     spec = resolve_spec(options["model"], options["dropout"], options["attention"],
                         options["attention_window"])
-    return lora_from_options(spec, family_key(options["model"]), options)
+    return lora_from_options(spec, family_key(options["model"]), options, frozen_dtype)
 
 
 def spec_of(cfg: TrainConfig) -> ModelSpec:
-    """The spec of the model ``cfg`` trains (:func:`run_spec`)."""
-    return run_spec(cfg.to_dict())
+    """The spec of the model ``cfg`` trains (:func:`run_spec`): under ``--dtype bf16`` the
+    frozen base's linear layers are held in bf16."""
+    return run_spec(cfg.to_dict(), torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
 
 
 def _adapters_asked(options: Mapping[str, Any]) -> str:

@@ -71,7 +71,8 @@ def materialize(model: nn.Module, device: torch.device | None, seed: int,
     """Allocate ``model``'s parameters (the model of ``spec``, or a part of it) on ``device``
     (None: leave them where they are, e.g. already placed on several devices), tie its shared
     parameters, and give each parameter the initial value of the whole model's parameter of
-    its name, sharded as the parameter is."""
+    its name, sharded as the parameter is (a parameter held in bf16: the bf16 rounding of
+    the fp32 value)."""
     if device is not None:
         model.to_empty(device=device)
     shared = spec.shared_parameters
@@ -79,7 +80,10 @@ def materialize(model: nn.Module, device: torch.device | None, seed: int,
     for raw_name, param in model.named_parameters():
         name = parameter_name(raw_name, shared)
         generator = torch.Generator(device=param.device).manual_seed(parameter_seed(seed, name))
-        whole = torch.empty(param.shape, dtype=param.dtype, device=param.device)
+        # A parameter held narrower than fp32 (LoRA's frozen bf16 base) gets the rounding of
+        # its fp32 initial value.
+        whole = torch.empty(param.shape, dtype=torch.promote_types(param.dtype, torch.float32),
+                            device=param.device)
         spec.init_parameter(name, whole, generator)
         if isinstance(param, DTensor):
             # Every rank holds the same whole tensor, so each cuts out its own shard (no

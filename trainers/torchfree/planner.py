@@ -8,8 +8,9 @@ inside a node, then pipeline parallelism across nodes with FSDP over the pipelin
 tensor parallelism inside each stage too (3-D; its degree divides the devices per node, the
 pipeline's the nodes). It prints the
 memory per rank of each and recommends the first that fits, with the micro-batch and the
-accumulation steps that reach the requested global batch. Components call :func:`check_fits`
-before scheduling a job. Plain Python without torch.
+accumulation steps that reach the requested global batch. A LoRA job (:class:`Adapters`) is
+priced with its frozen base and adapters, among the trainers that serve LoRA (ddp, fsdp).
+Components call :func:`check_fits` before scheduling a job. Plain Python without torch.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from dataclasses import dataclass
 
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.memory_formulas import (
+    Adapters,
     Anatomy,
     Layout,
     activation_bytes,
     block_activation_bytes,
+    parse_targets,
     precision,
     predict,
 )
@@ -82,32 +85,35 @@ def last_stage_in_flight(schedule: str, in_flight: int) -> int:
 
 def peak_bytes(anatomy: Anatomy, shape: ModelConfig, micro_batch: int, seq: int, dtype: str,
                checkpointing: bool, layout: Layout, in_flight: int, last_in_flight: int,
-               device: str) -> int:
+               device: str, adapters: Adapters | None = None) -> int:
     """Per-rank peak: states, the activations in flight, the block that activation
     checkpointing recomputes, and the runtime's own memory. A pipeline's heaviest rank holds
     the larger of its first stage's ``in_flight`` micro-batches (without the output side)
-    and its last stage's ``last_in_flight`` (with it: ``anatomy.activations``)."""
+    and its last stage's ``last_in_flight`` (with it: ``anatomy.activations``); ``adapters``:
+    LoRA's."""
     compute = precision(dtype, layout)
-    recompute = (block_activation_bytes(shape, micro_batch, seq, compute, layout.tp)
+    recompute = (block_activation_bytes(shape, micro_batch, seq, compute, layout.tp, adapters)
                  if checkpointing else 0)
     held = last_in_flight * anatomy.activations
     if layout.pp > 1:
         held = max(held, in_flight * activation_bytes(
             shape, micro_batch, seq, compute, checkpointing, layout.tp, layout.pp,
-            output_side=False))
+            output_side=False, adapters=adapters))
     return (anatomy.params + anatomy.grads + anatomy.optimizer + anatomy.gathered
             + held + recompute + RUNTIME_OVERHEAD[device])
 
 
 def _candidate(trainer: str, layout: Layout, shape: ModelConfig, seq: int, dtype: str,
                checkpointing: bool, micro_batch: int, grad_accum: int, in_flight: int,
-               device: str, last_in_flight: int | None = None) -> Candidate:
-    """``last_in_flight``: a pipeline's last stage's (None: ``in_flight``)."""
-    anatomy = predict(shape, micro_batch, seq, dtype, checkpointing, layout)
+               device: str, last_in_flight: int | None = None,
+               adapters: Adapters | None = None) -> Candidate:
+    """``last_in_flight``: a pipeline's last stage's (None: ``in_flight``); ``adapters``:
+    LoRA's."""
+    anatomy = predict(shape, micro_batch, seq, dtype, checkpointing, layout, adapters)
     last = in_flight if last_in_flight is None else last_in_flight
     return Candidate(trainer, layout, checkpointing, micro_batch, grad_accum, in_flight, anatomy,
                      peak_bytes(anatomy, shape, micro_batch, seq, dtype, checkpointing,
-                                layout, in_flight, last, device))
+                                layout, in_flight, last, device, adapters))
 
 
 def layout_options(layout: Layout) -> dict[str, str]:
@@ -128,9 +134,11 @@ def _divisors(n: int) -> list[int]:
 
 
 def candidates(shape: ModelConfig, seq: int, global_batch: int, devices_per_node: int,
-               nodes: int, dtype: str, device: str) -> Iterator[Candidate]:
+               nodes: int, dtype: str, device: str,
+               adapters: Adapters | None = None) -> Iterator[Candidate]:
     """Every configuration in the decision guide's order of preference, the largest
-    micro-batch first within each."""
+    micro-batch first within each; with LoRA's ``adapters``, only those of trainers that
+    serve LoRA."""
     world = devices_per_node * nodes
     steps = []
     for checkpointing in (False, True):
@@ -156,6 +164,8 @@ def candidates(shape: ModelConfig, seq: int, global_batch: int, devices_per_node
         sharding = sharding if dp > 1 else "ddp"  # one replica shards nothing
         if global_batch % dp or (trainer, sharding, tp, pp, checkpointing) in seen:
             continue
+        if adapters is not None and "lora_rank" not in TRAINERS[trainer].options:
+            continue
         seen.add((trainer, sharding, tp, pp, checkpointing))
         per_replica = global_batch // dp
         for micro in sorted(_divisors(per_replica), reverse=True):
@@ -168,22 +178,23 @@ def candidates(shape: ModelConfig, seq: int, global_batch: int, devices_per_node
                 if accum < pp:
                     continue
                 yield _candidate(trainer, layout, shape, seq, dtype, checkpointing, micro, accum,
-                                 pp, device, last_stage_in_flight("1f1b", pp))
+                                 pp, device, last_stage_in_flight("1f1b", pp), adapters)
             else:
                 yield _candidate(trainer, layout, shape, seq, dtype, checkpointing, micro, accum,
-                                 1, device)
+                                 1, device, adapters=adapters)
 
 
 def recommend(shape: ModelConfig, seq: int, global_batch: int, devices_per_node: int,
-              nodes: int, device_memory: int, dtype: str, device: str) -> Candidate:
+              nodes: int, device_memory: int, dtype: str, device: str,
+              adapters: Adapters | None = None) -> Candidate:
     """The first configuration of the decision guide whose peak fits ``USABLE`` of
-    ``device_memory`` bytes.
+    ``device_memory`` bytes (with LoRA's ``adapters``: among the trainers that serve it).
 
     Raises ConfigError naming the smallest configuration and what it would need otherwise.
     """
     smallest = None
     for candidate in candidates(shape, seq, global_batch, devices_per_node, nodes, dtype,
-                                device):
+                                device, adapters):
         if candidate.peak_bytes <= USABLE * device_memory:
             return candidate
         if smallest is None or candidate.peak_bytes < smallest.peak_bytes:
@@ -197,6 +208,11 @@ def recommend(shape: ModelConfig, seq: int, global_batch: int, devices_per_node:
         "devices with at least that much memory or more nodes")
 
 
+def adapters_of(cfg: TrainConfig) -> Adapters | None:
+    """The LoRA adapters ``cfg`` trains (None: it trains every parameter)."""
+    return Adapters(cfg.lora_rank, parse_targets(cfg.lora_targets)) if cfg.lora_rank else None
+
+
 def job_candidate(cfg: TrainConfig, trainer: str, world: int, device: str) -> Candidate:
     """What the job ``cfg`` of ``trainer`` on ``world`` ranks needs per rank."""
     shape = dataclasses.replace(model_shape(cfg.model), attention=cfg.attention,
@@ -205,7 +221,7 @@ def job_candidate(cfg: TrainConfig, trainer: str, world: int, device: str) -> Ca
     return _candidate(trainer, split.layout, shape, cfg.seq_len, cfg.dtype,
                       cfg.activation_checkpointing, split.micro_batch, split.grad_accum,
                       split.in_flight, device,
-                      last_stage_in_flight(cfg.schedule, split.in_flight))
+                      last_stage_in_flight(cfg.schedule, split.in_flight), adapters_of(cfg))
 
 
 def check_fits(cfg: TrainConfig, trainer: str, world: int, devices_per_node: int, nodes: int,
@@ -219,15 +235,18 @@ def check_fits(cfg: TrainConfig, trainer: str, world: int, devices_per_node: int
             f"({USABLE * device_memory / GIB:.2f} usable)")
     try:
         better = recommend(model_shape(cfg.model), cfg.seq_len, cfg.batch_size,
-                           devices_per_node, nodes, device_memory, cfg.dtype, device)
+                           devices_per_node, nodes, device_memory, cfg.dtype, device,
+                           adapters_of(cfg))
     except ConfigError as err:
         raise ConfigError(f"--model {cfg.model} needs {need}; {err}") from None
     raise ConfigError(f"--model {cfg.model} needs {need}; try trainers.{better.trainer} "
                       f"{better.flags()} ({better.peak_bytes / GIB:.1f} GiB)")
 
 
-def table(shape: ModelConfig, seq: int, dtype: str, devices: int, device: str) -> str:
-    """GiB per rank at micro-batch 1 for DDP and each FSDP sharding, as the planner prices them."""
+def table(shape: ModelConfig, seq: int, dtype: str, devices: int, device: str,
+          adapters: Adapters | None = None) -> str:
+    """GiB per rank at micro-batch 1 for DDP and each FSDP sharding, as the planner prices them
+    (with LoRA's ``adapters``)."""
     lines = [f"{'configuration, micro-batch 1':44} {'states':>7} {'activ.':>7} {'peak':>7}"
              "  (GiB per rank)"]
     rows = [("ddp", Layout("ddp", dp=devices), False), ("ddp", Layout("ddp", dp=devices), True),
@@ -235,7 +254,8 @@ def table(shape: ModelConfig, seq: int, dtype: str, devices: int, device: str) -
             ("fsdp", Layout("zero3", dp=devices), False),
             ("fsdp", Layout("zero3", dp=devices), True)]
     for trainer, layout, checkpointing in rows:
-        c = _candidate(trainer, layout, shape, seq, dtype, checkpointing, 1, 1, 1, device)
+        c = _candidate(trainer, layout, shape, seq, dtype, checkpointing, 1, 1, 1, device,
+                       adapters=adapters)
         states = c.anatomy.params + c.anatomy.grads + c.anatomy.optimizer + c.anatomy.gathered
         lines.append(f"{c.describe(batch=False):44} {states / GIB:7.2f} "
                      f"{c.anatomy.activations / GIB:7.2f} {c.peak_bytes / GIB:7.2f}")

@@ -104,17 +104,21 @@ class ModelConfig:
         norm = self.d_model if self.family == "llama" else 2 * self.d_model
         return norm + (0 if self.tied else self.vocab_size * self.d_model)
 
-    def flops_per_token(self, seq_len: int) -> int:
+    def flops_per_token(self, seq_len: int, adapters: int = 0) -> int:
         """Training FLOPs per token (forward + backward = 3x forward).
 
         ``6 N`` for every matmul weight (all parameters but the input embedding of an untied
         model and the positional embedding; norms included as a rounding error) plus
         ``12 L d T`` for the attention scores and weighted sum, the PaLM / nanoGPT convention
-        (causal masking not discounted).
+        (causal masking not discounted). ``adapters`` > 0: a LoRA run training that many
+        adapter parameters on a frozen base, whose weights need no gradient: ``4 N`` (forward
+        and the inputs' gradients) plus ``6`` per adapter parameter.
         """
         lookups = self.max_seq_len * self.d_model if self.family == "gpt" else (
             0 if self.tied else self.vocab_size * self.d_model)
-        return 6 * (self.num_params() - lookups) + 12 * self.n_layers * self.d_model * seq_len
+        per_weight = 4 if adapters else 6
+        return (per_weight * (self.num_params() - lookups) + 6 * adapters
+                + 12 * self.n_layers * self.d_model * seq_len)
 
 
 MODEL_SIZES: dict[str, ModelConfig] = {
