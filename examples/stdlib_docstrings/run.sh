@@ -14,7 +14,7 @@
 # or this script's earlier OUT for the same PRETRAINED (the export is kept, the run resumes).
 # Run from the repository root with the virtual environment active.
 set -euo pipefail
-steps=${STEPS:-200}
+steps=${STEPS:-600}
 batch=${BATCH:-16}
 pretrained=${PRETRAINED:-outputs/stdlib_code}
 out=${OUT:-outputs/stdlib_docstrings}
