@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=0,
                         help="sample among the k most likely tokens only (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
+    parser.add_argument("--stop-at-end", action="store_true",
+                        help="stop at the tokenizer's end-of-text id, as a model fine-tuned on "
+                             "instruction data ends its answers (docs/finetuning.md)")
     parser.add_argument("--checkpoint", type=int, default=None, metavar="STEP",
                         help="the checkpoint of this step (default: the newest intact one)")
     return parser
@@ -73,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         context = config["seq_len"] or shape.max_seq_len
         generator = torch.Generator().manual_seed(args.seed)
         new = generate(model, prompt[-context:], args.tokens, context, codec.vocab_size,
-                       args.temperature, args.top_k, generator)
+                       args.temperature, args.top_k, generator,
+                       codec.end_of_text if args.stop_at_end else None)
     print(codec.decode(prompt + new))
 
 

@@ -14,7 +14,7 @@
 # or this script's earlier OUT for the same PRETRAINED (the export is kept, the run resumes).
 # Run from the repository root with the virtual environment active.
 set -euo pipefail
-steps=${STEPS:-600}
+steps=${STEPS:-240}
 batch=${BATCH:-16}
 pretrained=${PRETRAINED:-outputs/stdlib_code}
 out=${OUT:-outputs/stdlib_docstrings}
@@ -36,4 +36,5 @@ print("held-out completion loss: %.4f at step %d -> %.4f at step %d" % (
     evals[0]["eval_loss"], evals[0]["step"], evals[-1]["eval_loss"], evals[-1]["step"]))' \
     "$out/run/metrics.jsonl"
 prompt=$(cat "$out/prompt.txt"; echo .)  # the dot keeps the prompt's last newline
-python -m trainers.sample "$out/run" --prompt "${prompt%.}" --tokens 48 --temperature 0
+python -m trainers.sample "$out/run" --prompt "${prompt%.}" --tokens 48 --temperature 0 \
+    --stop-at-end

@@ -15,6 +15,7 @@ import torch
 from tests.support.component_runs import COMPONENTS
 from tests.support.runs import TINY, one_line_error, run_trainer
 from trainers import export, sample
+from trainers.core.generate import generate
 from trainers.core.run_model import load_run_model, pick_checkpoint
 from trainers.torchfree.checkpoint_files import MANIFEST, find_checkpoints
 from trainers.torchfree.trainer_table import TRAINERS
@@ -68,6 +69,18 @@ def test_greedy_sampling_is_deterministic_and_the_argmax_of_our_model(tiny_run, 
     assert config["model"] == "tiny" and not model.training
     ids = _greedy(model, list(PROMPT.encode()), 12)
     assert text == bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_decoding_stops_at_the_stop_id(tiny_run):
+    """generate(stop=ID) ends where ID is drawn (trainers.sample --stop-at-end passes the
+    tokenizer's end-of-text id) and returns what came before it."""
+    model, _ = load_run_model(tiny_run)
+    prompt = list(PROMPT.encode())
+    greedy = _greedy(model, prompt, 12)[len(prompt):]
+    stop = next(t for i, t in enumerate(greedy) if t not in greedy[:i] and i > 0)
+    cut = greedy.index(stop)
+    assert generate(model, prompt, 12, 64, 256, stop=stop) == greedy[:cut]
+    assert generate(model, prompt, 12, 64, 256) == greedy
 
 
 def test_sampling_with_a_seed_repeats_and_top_k_1_is_greedy(tiny_run, capsys):

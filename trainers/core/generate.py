@@ -9,9 +9,10 @@ from torch import nn
 @torch.no_grad()
 def generate(model: nn.Module, prompt: list[int], tokens: int, context: int, vocab: int,
              temperature: float = 0.0, top_k: int = 0,
-             generator: torch.Generator | None = None) -> list[int]:
+             generator: torch.Generator | None = None, stop: int | None = None) -> list[int]:
     """``tokens`` ids following ``prompt`` (not empty), one forward pass over the last
-    ``context`` ids per token (no KV cache), drawn from the first ``vocab`` logits only.
+    ``context`` ids per token (no KV cache), drawn from the first ``vocab`` logits only;
+    fewer when id ``stop`` (if given) is drawn, which ends them (and is not returned).
 
     ``temperature`` 0 takes the argmax (greedy, deterministic); above 0 samples from
     softmax(logits / temperature) restricted to the ``top_k`` most likely ids (0: all) with
@@ -28,5 +29,7 @@ def generate(model: nn.Module, prompt: list[int], tokens: int, context: int, voc
             if 0 < top_k < vocab:
                 logits[logits < torch.topk(logits, top_k).values[-1]] = float("-inf")
             token = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
+        if stop is not None and int(token) == stop:
+            break
         ids = torch.cat([ids, token.view(1, 1)], dim=1)
     return ids[0, len(prompt):].tolist()
