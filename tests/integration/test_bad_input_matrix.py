@@ -141,6 +141,10 @@ ROWS = [
         "trainers.fsdp: {tmp}/old-run holds a format-1 checkpoint from an earlier version of "
         "these trainers, which read format 2; resume it with the version that wrote it, or pass "
         "--resume none with a new --output-dir", trainer=("--resume", "{tmp}/old-run")),
+    Row("lora-target-not-in-model", "local_cwd", "fsdp",
+        "trainers.fsdp: --lora-targets q_proj matches no linear layer of the model; pass some "
+        "of down,head,up,wk,wo,wq,wv",
+        trainer=("--model", "tiny", "--lora-rank", "4", "--lora-targets", "wq,q_proj")),
     Row("chat-without-field", "local_cwd", "fsdp",
         "trainers.fsdp: {tmp}/chat.jsonl:1: no field 'messages' holding a list of {role, "
         "content} turns; pass the --messages-field that holds them, or --data-format",

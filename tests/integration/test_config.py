@@ -148,6 +148,18 @@ def parse_for(trainer: str, *args: str, world: int, tmp: Path):
                         world_sizes=[world])
 
 
+def test_lora_targets_are_checked_before_submitting_where_the_layers_are_known(tmp_path):
+    """Built-in families by our names, a Llama-shaped hf: model by Hugging Face's."""
+    bad_data_files(tmp_path)
+    hf = ["--model", f"hf:{tmp_path / 'hf'}", "--lora-rank", "4"]
+    parse(*hf, "--lora-targets", "q_proj,v_proj,lm_head", tmp=tmp_path)
+    with pytest.raises(ConfigError, match="--lora-targets wq matches no linear layer of the "
+                                          "model; pass some of down_proj,gate_proj,k_proj,"
+                                          "lm_head,o_proj,q_proj,up_proj,v_proj"):
+        parse(*hf, "--lora-targets", "wq", tmp=tmp_path)
+    parse("--model", "llama-tiny", "--lora-rank", "4", "--lora-targets", "gate,up", tmp=tmp_path)
+
+
 def test_instruction_samples_pack_where_the_model_takes_positions(tmp_path):
     """By default samples are packed where every rank runs whole blocks of a model that takes
     positions, else padded; --batching pack where that cannot be is refused in one line."""

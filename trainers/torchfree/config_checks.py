@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from trainers.torchfree.checkpoint_files import check_format, find_checkpoints, saved_manifest
 from trainers.torchfree.data_source import check_data, check_data_options
 from trainers.torchfree.errors import ConfigError, MissingPathError
+from trainers.torchfree.memory_formulas import HF_LINEARS, linear_sizes, parse_targets
 from trainers.torchfree.model_names import HF_PREFIX, in_store
 from trainers.torchfree.paths import unwritable_reason
 from trainers.torchfree.preemption_signals import parse_signals
-from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
+from trainers.torchfree.shapes import FAMILIES, MODEL_SIZES, ModelConfig
 from trainers.torchfree.storage import (
     RunPath,
     check_store,
@@ -107,6 +108,7 @@ def check_model_fit(cfg: TrainConfig, shape: ModelConfig) -> None:
     if cfg.seq_len > context:
         raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the {cfg.model} model's context "
                           f"of {context}; pass --seq-len <= {context}")
+    check_lora_targets(cfg, shape)
     if cfg.model in MODEL_SIZES:
         return
     defaults = _defaults(cfg)
@@ -114,6 +116,20 @@ def check_model_fit(cfg: TrainConfig, shape: ModelConfig) -> None:
         if getattr(cfg, option) != defaults[option]:
             raise ConfigError(f"{_flag(option)} applies to the built-in models only; --model "
                               f"{cfg.model} defines its own layers, so drop {_flag(option)}")
+
+
+def check_lora_targets(cfg: TrainConfig, shape: ModelConfig) -> None:
+    """``--lora-targets`` name linear layers of the model, where they are known without
+    building it: the built-in families' and a Llama-shaped ``hf:`` model's (Hugging Face's
+    names). Other models are checked when the trainer builds them
+    (:func:`trainers.models.lora.target_modules`)."""
+    if not (cfg.lora_rank and cfg.lora_targets) or shape.family not in FAMILIES:
+        return
+    names = set(linear_sizes(shape)) if cfg.model in MODEL_SIZES else set(HF_LINEARS)
+    unknown = [t for t in parse_targets(cfg.lora_targets) if t not in names]
+    if unknown:
+        raise ConfigError(f"--lora-targets {','.join(unknown)} matches no linear layer of the "
+                          f"model; pass some of {','.join(sorted(names))}")
 
 
 def check_job(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
