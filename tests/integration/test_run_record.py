@@ -80,7 +80,7 @@ class _Terminal(io.StringIO):
 def test_a_terminal_gets_a_progress_bar_and_a_log_plain_lines(tmp_path, monkeypatch, terminal):
     out = _Terminal() if terminal else io.StringIO()
     monkeypatch.setattr(sys, "stdout", out)
-    writer = MetricsWriter(tmp_path, True, False, start_step=2, total_steps=4)
+    writer = MetricsWriter(tmp_path, True, (), start_step=2, total_steps=4)
     for step in (3, 4):
         writer.write(step, {"loss": 1.5})
         writer.print(f"line {step}")

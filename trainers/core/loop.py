@@ -45,6 +45,7 @@ from trainers.torchfree.faults import kill_point, maybe_kill, restart_count
 from trainers.torchfree.preemption_signals import exit_status, parse_signals
 from trainers.torchfree.shapes import ModelConfig
 from trainers.torchfree.storage import RunPath, location
+from trainers.torchfree.tracker_names import chosen_trackers
 from trainers.torchfree.train_config import TrainConfig
 
 
@@ -148,7 +149,8 @@ def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
         check_resumable(saved["config"], cfg.to_dict(), str(resume_from))
         checkpointer.load(resume_from)
         facts.restore(saved)
-    writer = MetricsWriter(run_dir, env.is_main, cfg.tensorboard, progress.step, cfg.steps)
+    writer = MetricsWriter(run_dir, env.is_main, chosen_trackers(cfg.tracker, cfg.tensorboard),
+                           progress.step, cfg.steps)
     writer.print(f"run directory: {run_dir.resolve()}")
     if saved is not None:
         writer.print(f"resumed from {resume_from} at step {progress.step}")
@@ -237,6 +239,7 @@ def finish(run: Run, state: RunState) -> dict[str, Any]:
                    saved_step=state.saved_step)
     if run.env.is_main and state.history:
         write_summary(run.run_dir, summary)
+        run.writer.log_summary(summary)
         run.writer.print(f"run directory: {run.run_dir.resolve()} (plot it: python -m "
                          f"trainers.plot {run.run_dir})")
         run.writer.print("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else

@@ -1,4 +1,5 @@
-"""Run metrics: the per-step line, metrics.jsonl, TensorBoard events, summary.json, MFU.
+"""Run metrics: the per-step line, metrics.jsonl, the trackers (TensorBoard, MLflow, W&B:
+:mod:`trainers.core.trackers`), summary.json, MFU.
 
 Only rank 0 writes. On an object store (``--output-dir s3://...``) the appended files and a
 ``console.log`` of the printed lines go through a :class:`trainers.torchfree.mirror.Mirror`:
@@ -17,12 +18,15 @@ import math
 import resource
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainers.core.trackers import IDS_FILE, Guarded, open_trackers
 from trainers.torchfree.mirror import Mirror
+from trainers.torchfree.run_record import read_config
 from trainers.torchfree.storage import RunPath, write_bytes_atomic
 
 CONSOLE_LOG = "console.log"
@@ -109,20 +113,24 @@ class MetricsWriter:
     given ``total_steps``, a tqdm progress bar with the loss, elapsed time and ETA runs below
     the printed lines; in a log (not a TTY) there are only the lines. A run on an object store
     also keeps the printed lines in ``console.log`` (its pods' logs go with them).
+
+    ``trackers`` (names from :data:`trainers.torchfree.tracker_names.TRACKERS`) get every
+    step's metrics as metrics.jsonl does, the run's config.json options as parameters, its
+    directory and git commit as tags, and the summary (:meth:`log_summary`).
     """
 
-    def __init__(self, run_dir: RunPath, enabled: bool, tensorboard: bool,
+    def __init__(self, run_dir: RunPath, enabled: bool, trackers: Sequence[str],
                  start_step: int = 0, total_steps: int | None = None) -> None:
         self.enabled = enabled
         self.steps_redone = 0
         self._jsonl = None
         self._console = None
-        self._tb = None
+        self._trackers: list[Guarded] = []
         self._bar = None
         self._mirror: Mirror | None = None
         if not enabled:
             return
-        self._mirror = Mirror(run_dir, resumed=("metrics.jsonl", CONSOLE_LOG))
+        self._mirror = Mirror(run_dir, resumed=("metrics.jsonl", CONSOLE_LOG, IDS_FILE))
         local = self._mirror.local
         if self._mirror.remote:
             self._console = open(local / CONSOLE_LOG, "a", buffering=1)  # noqa: SIM115
@@ -138,10 +146,11 @@ class MetricsWriter:
             - start_step
         path.write_text("".join(line + "\n" for line in kept))
         self._jsonl = open(path, "a", buffering=1)  # noqa: SIM115 (closed by close())
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(local / "tensorboard"))
+        record = read_config(run_dir)
+        tags = {"run_dir": str(run_dir),
+                "git_commit": str(((record or {}).get("git") or {}).get("commit"))}
+        self._trackers = open_trackers(trackers, local, record, run_dir.name, tags,
+                                       self.print)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -150,9 +159,13 @@ class MetricsWriter:
         if self._bar is not None:
             self._bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
             self._bar.update(1)
-        if self._tb is not None:
-            for key, value in metrics.items():
-                self._tb.add_scalar(key, value, step)
+        for tracker in self._trackers:
+            tracker.call("log_metrics", step, metrics)
+
+    def log_summary(self, summary: dict[str, Any]) -> None:
+        """Give the trackers the run's summary (summary.json) as final metrics."""
+        for tracker in self._trackers:
+            tracker.call("log_summary", summary)
 
     def print(self, line: str) -> None:
         if self._bar is not None:
@@ -167,8 +180,8 @@ class MetricsWriter:
         the changed files to it (the loop calls this after every checkpoint)."""
         if self._mirror is None:
             return
-        if self._tb is not None:
-            self._tb.flush()
+        for tracker in self._trackers:
+            tracker.call("flush")
         self._mirror.sync()
 
     def close(self) -> None:
@@ -176,10 +189,13 @@ class MetricsWriter:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        for sink in (self._jsonl, self._console, self._tb):
+        for tracker in self._trackers:
+            tracker.call("close")
+        self._trackers = []
+        for sink in (self._jsonl, self._console):
             if sink is not None:
                 sink.close()
-        self._jsonl = self._console = self._tb = None
+        self._jsonl = self._console = None
         if self._mirror is not None:
             self._mirror.close()
             self._mirror = None

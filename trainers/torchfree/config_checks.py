@@ -31,6 +31,7 @@ from trainers.torchfree.storage import (
     location,
     store_reason,
 )
+from trainers.torchfree.tracker_names import check_trackers
 from trainers.torchfree.trainer_table import serving, trainer
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ def check_options(cfg: TrainConfig) -> None:
     if not 0.0 < cfg.val_fraction < 1.0:
         raise ConfigError(f"--val-fraction must be in (0, 1), got {cfg.val_fraction}")
     parse_signals(cfg.preemption_signals)
+    check_trackers(cfg.tracker, cfg.tensorboard, packages=False)
     check_data_options(cfg)
     check_lora_options(cfg)
 
@@ -207,7 +209,9 @@ def check_paths(cfg: TrainConfig, shape: ModelConfig, reach_stores: bool = True)
     checkpoint of this model (or ``none`` finds none to overwrite), on this machine. Object
     stores (``s3://``) are reached only with ``reach_stores`` (:func:`check_stores`); without
     it every check that would read one is left to the submit (their schemes are still
-    checked), and the checks of local paths run as ever."""
+    checked), and the checks of local paths run as ever. The chosen trackers' packages are
+    installed here."""
+    check_trackers(cfg.tracker, cfg.tensorboard, packages=True)
     if check_locations(cfg) and reach_stores:
         check_stores(cfg)
 

@@ -133,7 +133,12 @@ class TrainConfig:
     log_every: int = _opt(10, "print a line every K steps (metrics.jsonl gets every step)")
     peak_tflops: float = _opt(0.0, "peak TFLOP/s per device for MFU "
                               "(0: measured by a matmul probe)")
-    tensorboard: bool = _opt(True, "write TensorBoard events into the output directory")
+    tracker: str = _opt("tensorboard", "experiment trackers to report to, comma-separated: "
+                        "tensorboard (events in the output directory), mlflow "
+                        "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME), wandb (WANDB_PROJECT, "
+                        "WANDB_MODE, WANDB_API_KEY), or none (docs/tracking.md)")
+    tensorboard: bool = _opt(True, "false: leave tensorboard out of --tracker (the older "
+                             "spelling of --tracker without it)")
     output_dir: str = _opt("", "run directory: config.json, metrics.jsonl, TensorBoard "
                            "events, checkpoints, summary.json")
     checkpoint_every: int = _opt(50, "save a checkpoint every K steps (0: only at the end)")
