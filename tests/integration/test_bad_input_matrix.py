@@ -145,6 +145,9 @@ ROWS = [
         "trainers.fsdp: --lora-targets q_proj matches no linear layer of the model; pass some "
         "of down,head,up,wk,wo,wq,wv",
         trainer=("--model", "tiny", "--lora-rank", "4", "--lora-targets", "wq,q_proj")),
+    Row("unknown-tracker", "local_cwd", "fsdp",
+        "trainers.fsdp: --tracker comet is not a tracker; pick from tensorboard, mlflow, wandb "
+        "or none (comma-separated)", trainer=("--model", "tiny", "--tracker", "mlflow,comet")),
     Row("chat-without-field", "local_cwd", "fsdp",
         "trainers.fsdp: {tmp}/chat.jsonl:1: no field 'messages' holding a list of {role, "
         "content} turns; pass the --messages-field that holds them, or --data-format",

@@ -32,10 +32,10 @@ def test_the_parser_takes_tracker_and_the_older_tensorboard_flag():
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
-    (["--tracker", "comet"], "--tracker comet is not a tracker; choose from tensorboard, "
+    (["--tracker", "comet"], "--tracker comet is not a tracker; pick from tensorboard, "
                              "mlflow, wandb or none (comma-separated)"),
     (["--tracker", "none,mlflow"], "--tracker none,mlflow: none cannot be combined with "
-                                   "another tracker"),
+                                   "another tracker; drop none or the others"),
 ])
 def test_bad_tracker_is_one_line(capsys, argv, expected):
     with pytest.raises(SystemExit) as exit_info:
@@ -51,6 +51,7 @@ def test_a_missing_package_names_the_extra(monkeypatch, capsys, tmp_path):
         capsys, ddp, "--tracker", "wandb", "--output-dir", str(tmp_path))
     assert not list(tmp_path.iterdir())  # refused before anything was written
     with pytest.raises(ConfigError, match=r"^--tracker wandb needs the wandb package, which is "
-                       r"not installed: pip install 'torchx-templates\[wandb\]'$"):
+                       r"not installed: pip install 'torchx-templates\[wandb\]' \(or drop "
+                       r"wandb from --tracker\)$"):
         check_trackers("tensorboard,wandb", True, packages=True)
     check_trackers("tensorboard,wandb", True, packages=False)  # a submit machine need not have it

@@ -25,6 +25,7 @@ from trainers.torchfree.log_setup import configure_logging
 from trainers.torchfree.preemption_signals import exit_status
 from trainers.torchfree.run_record import run_record, write_config
 from trainers.torchfree.storage import location
+from trainers.torchfree.tracker_names import check_trackers
 from trainers.torchfree.train_config import TrainConfig
 from trainers.torchfree.trainer_table import trainer
 
@@ -50,7 +51,10 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
     :func:`trainers.core.loop.train`).
 
     A run stopped by a preemption signal (its checkpoint saved) leaves the process group and
-    exits ``128 + signal`` (:func:`trainers.torchfree.preemption_signals.exit_status`)."""
+    exits ``128 + signal`` (:func:`trainers.torchfree.preemption_signals.exit_status`).
+    The chosen trackers' packages are checked first: where the trainer runs, not where a
+    component submits it."""
+    check_trackers(cfg.tracker, cfg.tensorboard, packages=True)
     with init_distributed(cfg, device) as env, explain_out_of_memory(cfg, name, env.device):
         spec = spec_of(cfg)  # a model it cannot resolve (or adapt) is refused first
         if env.is_main:

@@ -209,9 +209,7 @@ def check_paths(cfg: TrainConfig, shape: ModelConfig, reach_stores: bool = True)
     checkpoint of this model (or ``none`` finds none to overwrite), on this machine. Object
     stores (``s3://``) are reached only with ``reach_stores`` (:func:`check_stores`); without
     it every check that would read one is left to the submit (their schemes are still
-    checked), and the checks of local paths run as ever. The chosen trackers' packages are
-    installed here."""
-    check_trackers(cfg.tracker, cfg.tensorboard, packages=True)
+    checked), and the checks of local paths run as ever."""
     if check_locations(cfg) and reach_stores:
         check_stores(cfg)
 

@@ -1,8 +1,8 @@
 """What ``--tracker`` names: the experiment trackers a run reports to, and their checks.
 
 No torch and no tracker package is imported here: a component checks the names at submit
-time, and the trainer's own process checks that the chosen trackers' packages are installed
-before anything trains (:func:`check_trackers`).
+time, and the trainer's own process (:func:`trainers.core.entry.train_in_group`) checks that
+the chosen trackers' packages are installed before anything trains (:func:`check_trackers`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from trainers.torchfree.errors import ConfigError
 
 # Tracker name -> (the module it imports, the extra that installs it; None: a dependency).
 TRACKERS: dict[str, tuple[str, str | None]] = {
-    "tensorboard": ("torch.utils.tensorboard", None),
+    "tensorboard": ("tensorboard", None),  # what torch.utils.tensorboard needs
     "mlflow": ("mlflow", "mlflow"),
     "wandb": ("wandb", "wandb"),
 }
@@ -28,10 +28,11 @@ def chosen_trackers(tracker: str, tensorboard: bool = True) -> tuple[str, ...]:
     names = [name.strip() for name in tracker.split(",") if name.strip()]
     unknown = [name for name in names if name not in TRACKERS and name != "none"]
     if unknown:
-        raise ConfigError(f"--tracker {','.join(unknown)} is not a tracker; choose from "
+        raise ConfigError(f"--tracker {','.join(unknown)} is not a tracker; pick from "
                           f"{', '.join(TRACKERS)} or none (comma-separated)")
     if "none" in names and len(names) > 1:
-        raise ConfigError(f"--tracker {tracker}: none cannot be combined with another tracker")
+        raise ConfigError(f"--tracker {tracker}: none cannot be combined with another tracker; "
+                          "drop none or the others")
     return tuple(name for name in dict.fromkeys(names)
                  if name != "none" and (tensorboard or name != "tensorboard"))
 
@@ -46,7 +47,8 @@ def missing_package(name: str) -> str | None:
     if found:
         return None
     install = f"pip install 'torchx-templates[{extra}]'" if extra else f"pip install {module}"
-    return f"--tracker {name} needs the {module} package, which is not installed: {install}"
+    return (f"--tracker {name} needs the {module} package, which is not installed: {install} "
+            f"(or drop {name} from --tracker)")
 
 
 def check_trackers(tracker: str, tensorboard: bool, packages: bool) -> None:
