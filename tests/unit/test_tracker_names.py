@@ -27,8 +27,11 @@ def test_the_parser_takes_tracker_and_the_older_tensorboard_flag():
     cfg = parse_config(["--tracker", "mlflow,tensorboard", "--tensorboard", "false"], "ddp",
                        check_paths=False)
     assert chosen_trackers(cfg.tracker, cfg.tensorboard) == ("mlflow",)
-    assert chosen_trackers(parse_config([], "ddp", check_paths=False).tracker) == \
-        ("tensorboard",)
+    default = parse_config([], "ddp", check_paths=False).tracker
+    assert (default, type(default)) == ("tensorboard", str)
+    repeated = parse_config(["--tracker", "tensorboard", "--tracker", "wandb,mlflow"], "ddp",
+                            check_paths=False)
+    assert chosen_trackers(repeated.tracker) == ("tensorboard", "wandb", "mlflow")
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

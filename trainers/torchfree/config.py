@@ -43,6 +43,21 @@ def _str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
+class _Default(str):
+    """An option's default as the parser holds it, told apart from a value given once."""
+
+
+class _Repeatable(argparse.Action):
+    """A comma-separated option that may also be given more than once: the values join with
+    commas (``--tracker mlflow --tracker wandb`` is ``--tracker mlflow,wandb``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        current = getattr(namespace, self.dest)
+        setattr(namespace, self.dest,
+                values if isinstance(current, _Default) else f"{current},{values}")
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are raised as ConfigError, so that :func:`exit_on_config_error`
     reports them in a single ``prog: error: ...`` line."""
@@ -82,6 +97,8 @@ def build_parser(name: str) -> argparse.ArgumentParser:
             kwargs["default"] = str(Path("outputs") / name)
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
+        if f.metadata.get("repeatable"):
+            kwargs.update(action=_Repeatable, default=_Default(f.default))
         if kind is bool:
             kwargs["nargs"] = "?"
             kwargs["const"] = True
@@ -143,7 +160,8 @@ def parse_config(argv: Sequence[str] | None, name: str,
     tensor-parallel group is checked to stay inside this node (``LOCAL_WORLD_SIZE``).
     """
     namespace = build_parser(name).parse_args(list(sys.argv[1:] if argv is None else argv))
-    cfg = TrainConfig(**vars(namespace))
+    cfg = TrainConfig(**{key: str(value) if isinstance(value, _Default) else value
+                         for key, value in vars(namespace).items()})
     if world_sizes is not None:
         return validate(cfg, world_sizes, name, check_paths, reach_stores)
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -20,8 +20,8 @@ TRACKERS: dict[str, tuple[str, str | None]] = {
 
 
 def chosen_trackers(tracker: str, tensorboard: bool = True) -> tuple[str, ...]:
-    """The trackers ``--tracker`` names (comma-separated, repeatable as a list joined by
-    commas), in order and once each; ``none`` alone names none. ``tensorboard=False``
+    """The trackers ``--tracker`` names (comma-separated; a repeated flag's values are joined
+    by commas), in order and once each; ``none`` alone names none. ``tensorboard=False``
     (``--tensorboard false``, the older spelling) drops TensorBoard.
 
     Raises :class:`ConfigError` for an unknown name or ``none`` with others."""

@@ -133,10 +133,11 @@ class TrainConfig:
     log_every: int = _opt(10, "print a line every K steps (metrics.jsonl gets every step)")
     peak_tflops: float = _opt(0.0, "peak TFLOP/s per device for MFU "
                               "(0: measured by a matmul probe)")
-    tracker: str = _opt("tensorboard", "experiment trackers to report to, comma-separated: "
-                        "tensorboard (events in the output directory), mlflow "
+    tracker: str = _opt("tensorboard", "experiment trackers to report to, comma-separated or "
+                        "repeated: tensorboard (events in the output directory), mlflow "
                         "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME), wandb (WANDB_PROJECT, "
-                        "WANDB_MODE, WANDB_API_KEY), or none (docs/tracking.md)")
+                        "WANDB_MODE, WANDB_API_KEY), or none (docs/tracking.md)",
+                        repeatable=True)
     tensorboard: bool = _opt(True, "false: leave tensorboard out of --tracker (the older "
                              "spelling of --tracker without it)")
     output_dir: str = _opt("", "run directory: config.json, metrics.jsonl, TensorBoard "
