@@ -141,6 +141,17 @@ class TokenFileDataset(Dataset[Batch]):
         return batch
 
 
+def shifted_sample(samples: Samples, index: int, seq_len: int) -> Batch:
+    """Sample ``index`` cut to its first ``seq_len + 1`` tokens (the truncation rule of
+    :mod:`trainers.torchfree.instruction_data`) as ``(inputs, targets)`` shifted by one, the
+    targets :data:`~trainers.core.loss.IGNORE` where not in the loss."""
+    start = int(samples.starts[index])
+    end = min(int(samples.starts[index + 1]), start + seq_len + 1)
+    ids = torch.from_numpy(samples.ids[start:end].astype(np.int64))
+    counted = torch.from_numpy(samples.loss[start + 1:end])
+    return ids[:-1], ids[1:].masked_fill(~counted, IGNORE)
+
+
 class InstructionDataset(Dataset[Batch]):
     """Samples ``indices`` of ``samples``, one per item, cut to ``seq_len + 1`` tokens (the
     truncation rule of :mod:`trainers.torchfree.instruction_data`): inputs padded with id 0
@@ -158,14 +169,12 @@ class InstructionDataset(Dataset[Batch]):
         return len(self.indices)
 
     def __getitem__(self, index: int) -> Batch:
-        start = int(self.samples.starts[self.indices[index]])
-        end = min(int(self.samples.starts[self.indices[index] + 1]), start + self.seq_len + 1)
-        ids = torch.from_numpy(self.samples.ids[start:end].astype(np.int64))
-        counted = torch.from_numpy(self.samples.loss[start + 1:end])
+        sample_inputs, sample_targets = shifted_sample(self.samples, self.indices[index],
+                                                       self.seq_len)
         inputs = torch.zeros(self.seq_len, dtype=torch.long)
         targets = torch.full((self.seq_len,), IGNORE, dtype=torch.long)
-        inputs[:len(ids) - 1] = ids[:-1]
-        targets[:len(ids) - 1] = ids[1:].masked_fill(~counted, IGNORE)
+        inputs[:len(sample_inputs)] = sample_inputs
+        targets[:len(sample_targets)] = sample_targets
         return inputs, targets
 
     def collate(self, batch: list[Batch]) -> Batch:
@@ -213,15 +222,11 @@ class PackedDataset(Dataset[Batch]):
         positions = torch.arange(self.seq_len)
         used = 0
         for sample in self.packs[index]:
-            start = int(self.samples.starts[sample])
-            end = min(int(self.samples.starts[sample + 1]), start + self.seq_len + 1)
-            ids = torch.from_numpy(self.samples.ids[start:end].astype(np.int64))
-            counted = torch.from_numpy(self.samples.loss[start + 1:end])
-            span = slice(used, used + len(ids) - 1)
-            inputs[span] = ids[:-1]
-            targets[span] = ids[1:].masked_fill(~counted, IGNORE)
-            positions[span] = torch.arange(len(ids) - 1)
-            used += len(ids) - 1
+            sample_inputs, sample_targets = shifted_sample(self.samples, sample, self.seq_len)
+            span = slice(used, used + len(sample_inputs))
+            inputs[span], targets[span] = sample_inputs, sample_targets
+            positions[span] = torch.arange(len(sample_inputs))
+            used += len(sample_inputs)
         positions[used:] = torch.arange(self.seq_len - used)
         return inputs, targets, positions
 

@@ -113,6 +113,14 @@ def _stored_files(spec: str, flag: str) -> list[RunPath] | None:
     return None if names is None else [location(f"{scheme(spec)}://{n}") for n in names]
 
 
+def file_stats(files: Sequence[RunPath]) -> list[tuple[Any, ...]]:
+    """What changes when a file is replaced, for cache keys: a local file's resolved path,
+    size and modification time; an object's URL and the hash of what the store reports of it
+    (size, ETag, modification time)."""
+    return [(str(p), p.fs.ukey(p.path)) if is_remote(p)
+            else (str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
 def _hidden(parts: Sequence[str]) -> bool:
     return any(part.startswith(".") for part in parts)
 

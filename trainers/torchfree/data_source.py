@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from trainers.torchfree import instruction_data as samples
-from trainers.torchfree.corpus import FIELD_SUFFIXES, check_corpus, resolve_files
+from trainers.torchfree.corpus import FIELD_SUFFIXES, check_corpus, file_stats, resolve_files
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.storage import RunPath, is_remote, location
 from trainers.torchfree.token_file import (
@@ -120,8 +120,7 @@ def cache_path(output_dir: str, files: Sequence[RunPath], tokenizer: TextTokeniz
     """``<output_dir>/data/tokens-<key>.bin``: the key changes when a file is added, removed,
     resized or touched (an object: its URL and the hash of what the store reports of it, its
     size, ETag and modification time), or the tokenizer or text field changes."""
-    stats = [(str(p), p.fs.ukey(p.path)) if is_remote(p)
-             else (str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    stats = file_stats(files)
     key = json.dumps([CACHE_VERSION, stats, tokenizer.identity, text_field])
     name = f"tokens-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
     return location(output_dir, "--output-dir") / "data" / name

@@ -34,10 +34,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainers.torchfree.corpus import FIELD_SUFFIXES, records
+from trainers.torchfree.corpus import FIELD_SUFFIXES, file_stats, records
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.model_names import model_kind
-from trainers.torchfree.storage import RunPath, is_remote, location, write_bytes_atomic
+from trainers.torchfree.storage import RunPath, location, write_bytes_atomic
 from trainers.torchfree.tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
@@ -303,8 +303,7 @@ def cache_path(output_dir: str, files: Sequence[RunPath], tokenizer: TextTokeniz
                fmt: str, cfg: TrainConfig) -> RunPath:
     """``<output_dir>/data/samples-<key>.npz``: the key changes with the files (as the text
     cache's), the tokenizer, the format, its fields and the chat template's source."""
-    stats = [(str(p), p.fs.ukey(p.path)) if is_remote(p)
-             else (str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    stats = file_stats(files)
     template = chat_template(cfg) if fmt == CHAT else ""
     fields = ([cfg.messages_field] if fmt == CHAT
               else [cfg.prompt_field, cfg.completion_field])
