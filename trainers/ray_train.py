@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                            usage=f"python -m {PROG} --trainer {'|'.join(SERVED)} --workers N "
                                  "[options] -- <trainer options>",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_launch_arguments(parser)
+    return parser
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that place a run's workers on a Ray cluster (``trainers.tune``'s too)."""
     parser.add_argument("--trainer", required=True,
                         help=f"trainer to run: {' or '.join(SERVED)}")
     parser.add_argument("--workers", type=int, required=True, help="Ray Train workers (ranks)")
@@ -97,7 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-resource-check", action="store_true",
                         help="submit even if the cluster cannot place the workers now (for "
                              "clusters that autoscale)")
-    return parser
+
+
+def split_at_dashes(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``argv`` before and after its first ``--`` (the launcher's and the trainer's)."""
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    return argv[:split], argv[split + 1:]
 
 
 def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[str]]:
@@ -106,10 +118,14 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
 
     Raises :class:`ConfigError` (one line) for anything that cannot run.
     """
-    argv = list(argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    ns = build_parser().parse_args(argv[:split])
-    trainer_args = argv[split + 1:]
+    launcher_args, trainer_args = split_at_dashes(argv)
+    return check_launch(build_parser().parse_args(launcher_args), trainer_args)
+
+
+def check_launch(ns: argparse.Namespace,
+                 trainer_args: list[str]) -> tuple[LaunchOptions, TrainConfig, list[str]]:
+    """Validate the launcher's parsed options ``ns`` (:func:`add_launch_arguments`) and the
+    trainer's arguments; return what :func:`parse_args` returns."""
     if ns.trainer not in TRAINERS:
         raise ConfigError(f"--trainer {ns.trainer} is not a trainer; pass " + " or ".join(SERVED))
     if TRAINERS[ns.trainer].ray is not None:
@@ -151,15 +167,24 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[st
 
 def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) -> Any:
     """Run the job on the connected cluster; return Ray's ``Result``."""
+    return torch_trainer(options, Path(cfg.output_dir), trainer_args).fit()
+
+
+def torch_trainer(options: LaunchOptions, run_dir: Path, trainer_args: list[str], *,
+                  trial: bool = False, callbacks: Sequence[Any] = ()) -> Any:
+    """The ``TorchTrainer`` of one run in ``run_dir`` (its Ray experiment directory) whose
+    workers run ``trainer_args``. A Tune ``trial`` also reports every evaluation step's metrics
+    and the workers' placement group (:func:`trainers.ray_worker.train_worker`); ``callbacks``
+    are Ray Train's (``trainers.tune`` passes Tune's report callback)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    run_dir = Path(cfg.output_dir)
     env_vars = {k: v for k, v in os.environ.items() if k.startswith("TRAINERS_")}
-    trainer = TorchTrainer(
+    return TorchTrainer(
         train_worker,
         train_loop_config={"trainer": options.trainer, "argv": trainer_args,
-                           "report_every": options.report_every, "attempts": attempts_actor()},
+                           "report_every": options.report_every, "trial": trial,
+                           "attempts": attempts_actor()},
         scaling_config=ScalingConfig(
             num_workers=options.workers, use_gpu=options.gpus_per_worker > 0,
             resources_per_worker={"CPU": options.cpus_per_worker,
@@ -172,9 +197,9 @@ def launch(options: LaunchOptions, cfg: TrainConfig, trainer_args: list[str]) ->
                                          max_preemption_failures=-1),
             # trainers.core.checkpoint keeps the newest --keep-checkpoints; Ray deletes none.
             checkpoint_config=CheckpointConfig(num_to_keep=None),
-            worker_runtime_env={"env_vars": env_vars} if env_vars else None),
+            worker_runtime_env={"env_vars": env_vars} if env_vars else None,
+            callbacks=list(callbacks)),
     )
-    return trainer.fit()
 
 
 def _failure_line(err: BaseException, max_failures: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 import threading
 from pathlib import Path
@@ -17,6 +18,8 @@ from trainers.torchfree.trainer_table import TRAINERS
 # Read by the loop's restart count (trainers.torchfree.faults.restart_count), as torchrun's
 # TORCHELASTIC_RESTART_COUNT and Slurm's SLURM_RESTART_COUNT are.
 RESTART_VAR = "TRAINERS_RAY_RESTART_COUNT"
+# The key of a Tune trial's reports that names its workers' placement group (its id in hex).
+PLACEMENT_GROUP = "ray_placement_group"
 
 
 class Attempts:
@@ -45,15 +48,21 @@ def attempts_actor() -> Any:
 def train_worker(config: dict[str, Any]) -> None:
     """The function every Ray Train worker runs: parse, join Ray's process group, build, train.
 
-    ``config``: ``trainer``, its ``argv``, ``report_every`` and the run's ``attempts`` actor.
-    Every rank calls ``ray.train.report`` at the same steps (checkpoint steps and every
-    ``report_every``-th); rank 0 attaches the committed checkpoint directory. A restarted worker
-    group resumes from the checkpoint Ray hands back. When Ray reports that a node of the group
-    is being drained (a preemption notice, ``ray.train.get_preemption_info``) every rank saves
-    the step they agree on, reports it and waits for Ray to replace the group."""
+    ``config``: ``trainer``, its ``argv``, ``report_every``, ``trial`` and the run's ``attempts``
+    actor. Every rank calls ``ray.train.report`` at the same steps (checkpoint steps, every
+    ``report_every``-th and, in a Tune ``trial``, every evaluation step); rank 0 attaches the
+    committed checkpoint directory. A trial reports from its first evaluation on, each report
+    with the newest eval loss (one that is not finite as infinite: a search then ranks a
+    diverged run last), and the workers' placement group
+    (:data:`PLACEMENT_GROUP`), which ``trainers.tune`` removes when Tune stops the trial. A
+    restarted worker group resumes from the checkpoint Ray hands back. When Ray reports that a
+    node of the group is being drained (a preemption notice, ``ray.train.get_preemption_info``)
+    every rank saves the step they agree on, reports it and waits for Ray to replace the
+    group."""
     import ray
     import ray.train
     import ray.train.torch
+    import ray.util
     from ray.train import Checkpoint, CheckpointUploadMode
 
     from trainers.core.entry import train_in_group
@@ -70,13 +79,25 @@ def train_worker(config: dict[str, Any]) -> None:
         cfg = dataclasses.replace(cfg, resume=reported.path)
     if rank == 0:
         os.environ[RESTART_VAR] = str(ray.get(config["attempts"].start.remote()))
-    every = config["report_every"]
+    every, trial = config["report_every"], config["trial"]
+    group = ray.util.get_current_placement_group()
+    trial_facts = {PLACEMENT_GROUP: group.id.hex()} if trial and group is not None else {}
+
+    last_eval: list[float] = []  # a trial's newest eval loss
 
     def report(step: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
-        if checkpoint is None and not (every and step % every == 0):
+        evaluated = trial and "eval_loss" in metrics
+        if evaluated:
+            loss = metrics["eval_loss"]
+            last_eval[:] = [loss if math.isfinite(loss) else math.inf]
+        if checkpoint is None and not (every and step % every == 0) and not evaluated:
             return
+        if trial:  # Tune wants the metric in every report: none before the first evaluation
+            if not last_eval:
+                return
+            metrics = {**metrics, "eval_loss": last_eval[0]}
         attach = Checkpoint.from_directory(str(checkpoint)) if checkpoint and rank == 0 else None
-        ray.train.report({"step": step, **metrics}, checkpoint=attach,
+        ray.train.report({"step": step, **metrics, **trial_facts}, checkpoint=attach,
                          checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
 
     def node_drained() -> bool:  # a collective of Ray's: every rank asks after every step

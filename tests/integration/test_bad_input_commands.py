@@ -1,5 +1,5 @@
 """Every ``python -m trainers.*`` command besides the trainers (prepare_data, train_tokenizer,
-sample, export, plot, plan, memory, ray_train) given wrong input, as a new user would: each is
+sample, export, plot, plan, memory, ray_train, tune) given wrong input, as a new user would: each is
 refused with exit 2, no output and one ``trainers.X: error: ...`` line that names the fix,
 without a traceback, and nothing in its directory is written, truncated or removed (existing
 outputs included).
@@ -129,6 +129,33 @@ ROWS = [
           ("--trainer ddp --workers 2 -- --output-dir s3://runs/x",
            "--output-dir s3://runs/x: Ray Train keeps its experiment directory on a file system"),
           ("--trainer ddp --workers 2 -- --bogus", "unrecognized arguments: --bogus")),
+    *rows("tune",
+          ("--trainer ddp --workers 1", "nothing to search; pass --search OPTION=KIND:ARGS"),
+          ("--trainer ddp --workers 1 --search lr",
+           "--search lr: not OPTION=KIND:ARGS; write e.g."),
+          ("--trainer ddp --workers 1 --search lr=logspace:1:2", "unknown kind 'logspace'; pass"),
+          ("--trainer ddp --workers 1 --search lr=loguniform:0:1e-2",
+           "loguniform needs 0 < LO; pass uniform"),
+          ("--trainer ddp --workers 1 --search lr=uniform:1e-2:1e-4",
+           "the range must be finite with LO < HI; pass lr=uniform:LO:HI"),
+          ("--trainer ddp --workers 1 --search lr=loguniform:x:1", "'x' is not a number; write"),
+          ("--trainer ddp --workers 1 --search pp=choice:1,2",
+           "--search pp=choice:1,2: --pp 2: --pp is not served by trainers.ddp; use "),
+          ("--trainer ddp --workers 1 --search lrr=choice:1,2",
+           "--search lrr=choice:1,2: python -m trainers.ddp has no --lrr; pick one of its"),
+          ("--trainer ddp --workers 1 --search batch-size=uniform:8:16",
+           "--batch-size 8.0: argument --batch-size: invalid int value: '8.0'; a uniform range "
+           "draws floats: search it with e.g. batch-size=randint:LO:HI"),
+          ("--trainer ddp --workers 1 --search lr=choice:1e-3,1e-2 -- --lr 1e-3",
+           "--lr is also fixed after --; drop one of them"),
+          ("--trainer ddp --workers 1 --search output-dir=choice:a,b",
+           "--output-dir is set by trainers.tune for each trial; pick another option to search"),
+          ("--trainer ddp --workers 1 --search lr=choice:1e-3 -- --eval-every 0",
+           "--eval-every 0: a search ranks its trials by their eval loss; pass --eval-every K"),
+          ("--trainer ddp --workers 1 --search lr=choice:1e-3 --trials 0",
+           "--trials must be positive, got 0; pass 1 or more"),
+          ("--trainer model_parallel --workers 2 --search lr=choice:1e-3",
+           "cannot run under Ray Train")),
 ]
 
 

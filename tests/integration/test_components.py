@@ -92,8 +92,8 @@ def test_torchx_builtins_lists_every_component_beside_torchxs_own():
     assert proc.returncode == 0, proc.stderr[-2000:]
     listed = {line.split(". ", 1)[1].strip() for line in proc.stdout.splitlines()
               if ". " in line}
-    assert listed >= {*TRAINERS, "dist.ddp", "utils.echo"}
-    assert not listed & {"launch_options", "trainer_app"}
+    assert listed >= {*TRAINERS, "tune", "dist.ddp", "utils.echo"}
+    assert not listed & {"launch_options", "trainer_app", "_search_args"}
     dry = torchx_cli("run", "--dryrun", "fsdp", "-j", "1x2", "--", "--model", "tiny")
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert "trainers.fsdp" in dry.stdout and "'name': 'fsdp'" in dry.stdout
