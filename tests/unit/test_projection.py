@@ -25,6 +25,7 @@ from trainers.torchfree.projection import (
     Hardware,
     Job,
     all_reduce_s,
+    at_scale,
     calibrate,
     group_gbps,
     project,
@@ -200,3 +201,15 @@ def test_every_table_is_calibrated_on_its_smallest_row(comparison):
         assert first["gpus"] == min(r["gpus"] for r in t["rows"])
         assert first["predicted"] == pytest.approx(first["published"], rel=1e-6)
         assert all(math.isfinite(r["predicted"]) for r in t["rows"])
+
+
+def test_weak_scaling_adds_replicas_with_the_same_batch_each():
+    job = _job(Layout("zero3", dp=2, tp=2, pp=2), micro=1, batch=16)  # 8 per replica
+    scaled = at_scale(job, 64)
+    assert scaled.layout == Layout("zero3", dp=16, tp=2, pp=2)
+    assert scaled.global_batch == 128 and scaled.micro_batches == job.micro_batches
+    with pytest.raises(ConfigError, match="10 devices do not split into tp 2 x pp 2"):
+        at_scale(job, 10)
+    # More replicas never make a device faster.
+    rates = [project(at_scale(job, n), H100).tokens_per_s_per_device for n in (8, 64, 1024)]
+    assert rates == sorted(rates, reverse=True)

@@ -274,6 +274,23 @@ def project(job: Job, hw: Hardware, assume: Assumptions = Assumptions()) -> Proj
                       tokens_per_device * fpt / hw.peak_flops)
 
 
+SCALES = (8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def at_scale(job: Job, devices: int) -> Job:
+    """``job`` weak-scaled to ``devices``: more data-parallel replicas, each with the same
+    micro-batch and accumulation (the global batch grows with them); ConfigError when
+    ``devices`` is not a multiple of its tp x pp."""
+    lay = job.layout
+    if devices % (lay.tp * lay.pp):
+        raise ConfigError(f"{devices} devices do not split into tp {lay.tp} x pp {lay.pp}; "
+                          "pick a multiple of their product")
+    dp = devices // (lay.tp * lay.pp)
+    sharding = lay.sharding if dp > 1 or lay.sharding == "ddp" else "ddp"
+    return dataclasses.replace(job, layout=Layout(sharding, dp=dp, tp=lay.tp, pp=lay.pp),
+                               global_batch=job.global_batch // lay.dp * dp)
+
+
 def calibrate(job: Job, hw: Hardware, tokens_per_s_per_device: float,
               assume: Assumptions = Assumptions()) -> float:
     """The matmul efficiency at which ``job`` on ``hw`` runs at ``tokens_per_s_per_device``
