@@ -111,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         hardware = _hardware(args)
         assume = Assumptions(matmul_efficiency=args.matmul_efficiency,
                              link_efficiency=args.link_efficiency,
-                             latency_s=args.collective_latency_us * 1e-6)
+                             latency_s=args.collective_latency_us * 1e-6,
+                             param_bytes=2 if args.dtype == "bf16" else 4)
         projection = (functools.partial(project, hw=hardware, assume=assume)
                       if hardware is not None and adapters is None else None)
         print(f"{args.model}: {shape.num_params() / 1e9:.2f}B parameters, {seq} tokens, "
@@ -128,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             _print_projection(job, projection(job), projection, args.scaling)
         elif args.device == "cuda":
             why = ("LoRA jobs (the projection prices full training)" if adapters else
+                   "fp32 (the table's peaks are bf16): pass --peak-tflops T (your GPU's fp32 "
+                   "or TF32 peak)" if args.dtype == "fp32" else
                    f"this GPU: pass --gpu-type (one of {', '.join(GPU_PERF)}) or --peak-tflops T "
                    "--intra-node-gbps B --inter-node-gbps B")
             print(f"  (no projection for {why})")
@@ -145,14 +148,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _hardware(args: argparse.Namespace) -> Hardware | None:
     """The GPU the projection prices (None: its peak is unknown, or --device cpu): the
-    --gpu-type's row of the table, each figure overridden by its flag; ConfigError for a
-    peak without a fabric."""
+    --gpu-type's row of the table (bf16 peaks: for --dtype fp32 only with --peak-tflops),
+    each figure overridden by its flag; ConfigError for a peak without a fabric."""
     if args.device == "cpu":
         if args.peak_tflops:
             raise ConfigError("--peak-tflops describes GPUs; drop it with --device cpu")
         return None
     perf = GPU_PERF.get(args.gpu_type or "")
-    peak = args.peak_tflops or (perf.peak_tflops if perf else 0.0)
+    peak = args.peak_tflops or (perf.peak_tflops if perf and args.dtype == "bf16" else 0.0)
     if not peak:
         return None
     intra = args.intra_node_gbps or (perf.intra_node_gbps if perf else 0.0)

@@ -190,6 +190,10 @@ def test_the_projection_needs_a_known_peak_and_scales_on_request():
     out = _plan("--model", "1b", "--device-memory-gb", "16", "--peak-tflops", "312",
                 "--intra-node-gbps", "300", "--inter-node-gbps", "25", "--scaling")
     _projected(out)
+    fp32 = _plan("--model", "1b", "--gpu-type", "h100", "--dtype", "fp32")
+    assert "(no projection for fp32 (the table's peaks are bf16)" in fp32
+    _projected(_plan("--model", "1b", "--gpu-type", "h100", "--dtype", "fp32", "--peak-tflops",
+                     "494.7"))  # the fabric still from the table
     scaling_row = re.compile(r"^ +[\d,]+ +[\d,]+ +[\d,]+ 0\.")
     scaled = [line.split() for line in out.splitlines() if scaling_row.match(line)]
     assert [int(r[0].replace(",", "")) for r in scaled] == [8, 16, 32, 64, 128, 256, 512, 1024]
