@@ -16,7 +16,9 @@ from bench.projection_check import (
     hardware_of,
     job_of,
     read_rows,
+    table,
 )
+from tests.support.runs import REPO
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.memory_formulas import Layout
 from trainers.torchfree.projection import (
@@ -213,3 +215,10 @@ def test_weak_scaling_adds_replicas_with_the_same_batch_each():
     # More replicas never make a device faster.
     rates = [project(at_scale(job, n), H100).tokens_per_s_per_device for n in (8, 64, 1024)]
     assert rates == sorted(rates, reverse=True)
+
+
+def test_docs_print_the_comparison_this_code_computes():
+    page = (REPO / "docs" / "benchmarks.md").read_text()
+    section = page.split("## Projection against published tables", 1)[1]
+    printed = section.split("```\n", 2)[1].rstrip("\n")
+    assert printed == table({"tables": compare(read_rows())})
