@@ -6,20 +6,42 @@ run`` command for ``--scheduler``: nodes and processes, GPUs, the GPUs' memory, 
 memory per node the component would ask for (:mod:`trainers.torchfree.resources`), the image for
 Kubernetes, and the trainer's options. The scheduler's own settings (Slurm partition and time,
 Kubernetes queue and namespace) come from ``.torchxconfig``.
+
+On GPUs whose peak and fabric it knows (``--gpu-type``, or ``--peak-tflops`` with
+``--intra-node-gbps`` and ``--inter-node-gbps``) it also projects each configuration's
+tokens/s per device and MFU (:mod:`trainers.torchfree.projection`), and prints for the
+recommended one the line ``projected: N tokens/s per device, MFU x, h device-hours per billion
+tokens``; ``--scaling`` adds the recommended configuration weak-scaled to 8 ... 1,024 devices.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from trainers.torchfree.config import OneLineParser, exit_on_config_error
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.memory_formulas import FAMILIES, Adapters, parse_targets
 from trainers.torchfree.model_names import MODEL_HELP, model_shape
-from trainers.torchfree.planner import GIB, custom_shape, recommend, table
-from trainers.torchfree.resources import GPU_MEMORY_GB, gpu_memory_gb, node_request
+from trainers.torchfree.planner import GIB, candidate_job, custom_shape, recommend, table
+from trainers.torchfree.projection import (
+    DEFAULT_MATMUL_EFFICIENCY,
+    SCALES,
+    Assumptions,
+    Hardware,
+    Job,
+    Projection,
+    at_scale,
+    project,
+)
+from trainers.torchfree.resources import (
+    GPU_MEMORY_GB,
+    GPU_PERF,
+    gpu_memory_gb,
+    node_request,
+)
 from trainers.torchfree.trainer_table import TRAINERS
 
 SCHEDULERS = ("slurm", "kubernetes", "local_cwd")
@@ -48,6 +70,26 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "trainers that serve LoRA are planned")
     parser.add_argument("--lora-targets", default="",
                         help="LoRA: comma-separated linear layers (default: the family's)")
+    proj = parser.add_argument_group(
+        "projection (step time on these GPUs; the peak and fabric from --gpu-type's table, "
+        f"{', '.join(GPU_PERF)}, or these flags)")
+    proj.add_argument("--peak-tflops", type=float, default=0.0,
+                      help="dense bf16 TFLOP/s of one GPU (0: --gpu-type's)")
+    proj.add_argument("--matmul-efficiency", type=float, default=DEFAULT_MATMUL_EFFICIENCY,
+                      help="share of the peak the model's matmuls reach on one GPU; measure it "
+                           "on 1-2 GPUs (default: calibrated on torchtitan's 8 x H100 Llama "
+                           "3.1 8B FSDP run, docs/benchmarks.md)")
+    proj.add_argument("--intra-node-gbps", type=float, default=0.0,
+                      help="GB/s one GPU sends inside its node, one direction (0: --gpu-type's)")
+    proj.add_argument("--inter-node-gbps", type=float, default=0.0,
+                      help="GB/s one GPU sends to other nodes, one direction (0: --gpu-type's)")
+    proj.add_argument("--link-efficiency", type=float, default=Assumptions.link_efficiency,
+                      help="share of the line rate a large collective reaches")
+    proj.add_argument("--collective-latency-us", type=float,
+                      default=Assumptions.latency_s * 1e6,
+                      help="latency of one ring or tree step in microseconds")
+    proj.add_argument("--scaling", action="store_true",
+                      help="also project the recommended configuration on 8 ... 1,024 GPUs")
     shape_group = parser.add_argument_group("a shape of your own (overrides --model's)")
     for flag in ("layers", "heads", "hidden", "vocab", "context"):
         shape_group.add_argument(f"--{flag}", type=int, default=0)
@@ -66,14 +108,32 @@ def main(argv: Sequence[str] | None = None) -> None:
                               "one in that range or 0 (the model's context)")
         adapters = _adapters(args, shape.family)
         devices = args.devices_per_node * args.nodes
+        hardware = _hardware(args)
+        assume = Assumptions(matmul_efficiency=args.matmul_efficiency,
+                             link_efficiency=args.link_efficiency,
+                             latency_s=args.collective_latency_us * 1e-6,
+                             param_bytes=2 if args.dtype == "bf16" else 4)
+        projection = (functools.partial(project, hw=hardware, assume=assume)
+                      if hardware is not None and adapters is None else None)
         print(f"{args.model}: {shape.num_params() / 1e9:.2f}B parameters, {seq} tokens, "
               f"{args.dtype}, {args.nodes} x {args.devices_per_node} devices of "
               f"{args.device_memory_gb:g} GiB"
               + (f", LoRA rank {args.lora_rank}" if adapters else ""))
-        print(table(shape, seq, args.dtype, devices, args.device, adapters))
+        print(table(shape, seq, args.dtype, devices, args.device, adapters, projection,
+                    args.global_batch))
         best = recommend(shape, seq, args.global_batch, args.devices_per_node, args.nodes,
                          int(args.device_memory_gb * GIB), args.dtype, args.device, adapters)
-    print(f"\nrecommended: {best.describe()}: {best.peak_bytes / GIB:.1f} GiB per rank")
+        print(f"\nrecommended: {best.describe()}: {best.peak_bytes / GIB:.1f} GiB per rank")
+        if projection is not None:
+            job = candidate_job(best, shape, seq, args.global_batch)
+            _print_projection(job, projection(job), projection, args.scaling)
+        elif args.device == "cuda":
+            why = ("LoRA jobs (the projection prices full training)" if adapters else
+                   "fp32 (the table's peaks are bf16): pass --peak-tflops T (your GPU's fp32 "
+                   "or TF32 peak)" if args.dtype == "fp32" else
+                   f"this GPU: pass --gpu-type (one of {', '.join(GPU_PERF)}) or --peak-tflops T "
+                   "--intra-node-gbps B --inter-node-gbps B")
+            print(f"  (no projection for {why})")
     if any(getattr(args, flag) for flag in ("layers", "heads", "hidden", "vocab", "context")):
         print("  (a shape of your own: give the trainers a --model that has it, e.g. "
               "MODULE:ATTR, in the command's place)")
@@ -84,6 +144,50 @@ def main(argv: Sequence[str] | None = None) -> None:
                     + (f" --lora-targets {args.lora_targets}" if adapters and args.lora_targets
                        else ""))
     print("  " + torchx_command(args, TRAINERS[best.trainer].component, trainer_args))
+
+
+def _hardware(args: argparse.Namespace) -> Hardware | None:
+    """The GPU the projection prices (None: its peak is unknown, or --device cpu): the
+    --gpu-type's row of the table (bf16 peaks: for --dtype fp32 only with --peak-tflops),
+    each figure overridden by its flag; ConfigError for a peak without a fabric."""
+    if args.device == "cpu":
+        if args.peak_tflops:
+            raise ConfigError("--peak-tflops describes GPUs; drop it with --device cpu")
+        return None
+    perf = GPU_PERF.get(args.gpu_type or "")
+    peak = args.peak_tflops or (perf.peak_tflops if perf and args.dtype == "bf16" else 0.0)
+    if not peak:
+        return None
+    intra = args.intra_node_gbps or (perf.intra_node_gbps if perf else 0.0)
+    inter = args.inter_node_gbps or (perf.inter_node_gbps if perf else 0.0)
+    if not (intra and inter):
+        raise ConfigError("--peak-tflops without a --gpu-type of the table needs the fabric: "
+                          "pass --intra-node-gbps B and --inter-node-gbps B (GB/s per GPU, one "
+                          "direction)")
+    return Hardware(peak * 1e12, intra, inter, args.devices_per_node)
+
+
+def _print_projection(job: Job, best: Projection, projection: Callable[[Job], Projection],
+                      scaling: bool) -> None:
+    """The recommended configuration's projected line, what its step is made of, and with
+    ``scaling`` the same configuration weak-scaled to 8 ... 1,024 GPUs."""
+    print(best.line())
+    parts = [f"compute {best.compute_s:.3g}"] + (
+        [f"bubble {best.bubble_s:.3g}"] if best.bubble_s else []) + [
+        f"{name} {seconds:.3g}" for name, seconds in best.exposed_s.items() if seconds]
+    print(f"  step {best.step_s:.3g} s on {best.devices} GPUs: {', '.join(parts)} (exposed)")
+    if not scaling:
+        return
+    print(f"  {'GPUs':>6} {'global batch':>12} {'tok/s/dev':>9} {'MFU':>5} "
+          f"{'device-h/B tokens':>17}")
+    for devices in SCALES:
+        try:
+            scaled = at_scale(job, devices)
+            p = projection(scaled)
+        except ConfigError:
+            continue
+        print(f"  {devices:6,} {scaled.global_batch:12,} {p.tokens_per_s_per_device:9,.0f} "
+              f"{p.mfu:5.3f} {p.device_hours_per_billion_tokens:17,.1f}")
 
 
 def _adapters(args: argparse.Namespace, family: str) -> Adapters | None:
@@ -106,10 +210,19 @@ def _adapters(args: argparse.Namespace, family: str) -> Adapters | None:
 
 def _check_numbers(args: argparse.Namespace) -> None:
     """ConfigError for a count or size that is not positive (a shape's may be 0: the model's)."""
-    for flag in ("global_batch", "devices_per_node", "nodes", "device_memory_gb"):
+    for flag in ("global_batch", "devices_per_node", "nodes", "device_memory_gb",
+                 "matmul_efficiency", "link_efficiency"):
         if not 0 < getattr(args, flag) < math.inf:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got "
                               f"{getattr(args, flag)}; pass a positive one")
+    for flag in ("matmul_efficiency", "link_efficiency"):
+        if getattr(args, flag) > 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} is a share of the peak, at most 1, "
+                              f"got {getattr(args, flag)}; pass one in (0, 1]")
+    for flag in ("peak_tflops", "intra_node_gbps", "inter_node_gbps", "collective_latency_us"):
+        if not 0 <= getattr(args, flag) < math.inf:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 0, got "
+                              f"{getattr(args, flag)}; pass a positive one (0: --gpu-type's)")
     for flag in ("layers", "heads", "hidden", "vocab", "context"):
         if getattr(args, flag) < 0:
             raise ConfigError(f"--{flag} must be positive, got {getattr(args, flag)}; "

@@ -3,6 +3,7 @@ out-of-memory step explains itself."""
 
 from __future__ import annotations
 
+import re
 import resource
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.memory_formulas import Adapters, activation_bytes
 from trainers.torchfree.planner import GIB, candidates, job_candidate, recommend
+from trainers.torchfree.projection import DEFAULT_MATMUL_EFFICIENCY
 from trainers.torchfree.shapes import MODEL_SIZES
 
 
@@ -138,6 +140,12 @@ def assert_planner_commands_accepted(scheduler: str) -> None:
     (["--lora-targets", "wq"], "--lora-targets applies only to LoRA; pass --lora-rank R"),
     (["--model", "llama-tiny", "--lora-rank", "4", "--lora-targets", "nope"],
      "--lora-targets nope matches no linear layer of a llama model; pass some of "),
+    (["--peak-tflops", "500"], "--peak-tflops without a --gpu-type of the table needs the "
+                               "fabric: pass --intra-node-gbps B and --inter-node-gbps B"),
+    (["--gpu-type", "h100", "--matmul-efficiency", "1.5"],
+     "--matmul-efficiency is a share of the peak, at most 1"),
+    (["--gpu-type", "h100", "--inter-node-gbps=-1"], "--inter-node-gbps must be >= 0"),
+    (["--device", "cpu", "--peak-tflops", "1"], "--peak-tflops describes GPUs"),
 ])
 def test_plan_command_rejects_bad_input_in_one_line(args, message):
     proc = subprocess.run([sys.executable, "-m", "trainers.plan", *args], capture_output=True,
@@ -145,6 +153,52 @@ def test_plan_command_rejects_bad_input_in_one_line(args, message):
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("trainers.plan: error: ") and message in line
+
+
+PROJECTED = re.compile(r"^projected: ([\d,]+) tokens/s per device, MFU (0\.\d+), ([\d,.]+) "
+                       r"device-hours per billion tokens$", re.MULTILINE)
+
+
+def _projected(out: str) -> tuple[float, float, float]:
+    (match,) = PROJECTED.findall(out)
+    return tuple(float(x.replace(",", "")) for x in match)
+
+
+def test_the_plan_projects_each_configuration_and_prints_a_line_a_script_reads():
+    out = _plan("--model", "7b", "--gpu-type", "h100", "--nodes", "4", "--global-batch", "512")
+    assert "tok/s/dev   MFU" in out.splitlines()[1]
+    rows = out.splitlines()[2:7]
+    assert all(re.search(r" [\d,]+ 0\.\d{3}$", row) for row in rows), rows
+    tokens, mfu, hours = _projected(out)
+    # The three figures agree: MFU = tokens/s x FLOPs per token / peak; hours = 1e9 / tokens.
+    fpt = MODEL_SIZES["7b"].flops_per_token(2048)
+    assert mfu == pytest.approx(tokens * fpt / 989.4e12, abs=6e-4)
+    assert hours == pytest.approx(1e9 / tokens / 3600, rel=2e-3)
+    assert 0 < mfu <= DEFAULT_MATMUL_EFFICIENCY
+    # A slower fabric and a lower efficiency each cost throughput; the flags override the table.
+    slow = _projected(_plan("--model", "7b", "--gpu-type", "h100", "--nodes", "4",
+                            "--global-batch", "512", "--inter-node-gbps", "1",
+                            "--intra-node-gbps", "1"))
+    assert slow[0] < tokens
+    assert _projected(_plan("--model", "7b", "--gpu-type", "h100", "--nodes", "4",
+                            "--global-batch", "512", "--matmul-efficiency", "0.2"))[0] < tokens
+
+
+def test_the_projection_needs_a_known_peak_and_scales_on_request():
+    out = _plan("--model", "1b", "--device-memory-gb", "16")
+    assert "(no projection for this GPU: pass --gpu-type" in out and "projected:" not in out
+    out = _plan("--model", "1b", "--device-memory-gb", "16", "--peak-tflops", "312",
+                "--intra-node-gbps", "300", "--inter-node-gbps", "25", "--scaling")
+    _projected(out)
+    fp32 = _plan("--model", "1b", "--gpu-type", "h100", "--dtype", "fp32")
+    assert "(no projection for fp32 (the table's peaks are bf16)" in fp32
+    _projected(_plan("--model", "1b", "--gpu-type", "h100", "--dtype", "fp32", "--peak-tflops",
+                     "494.7"))  # the fabric still from the table
+    scaling_row = re.compile(r"^ +[\d,]+ +[\d,]+ +[\d,]+ 0\.")
+    scaled = [line.split() for line in out.splitlines() if scaling_row.match(line)]
+    assert [int(r[0].replace(",", "")) for r in scaled] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert all(int(r[1].replace(",", "")) == 256 // 8 * int(r[0].replace(",", ""))
+               for r in scaled)  # weak scaling: the batch per device stays
 
 
 def test_custom_shape():

@@ -16,7 +16,7 @@ Components call :func:`check_fits` before scheduling a job. Plain Python without
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from trainers.torchfree.errors import ConfigError
@@ -31,6 +31,7 @@ from trainers.torchfree.memory_formulas import (
     predict,
 )
 from trainers.torchfree.model_names import model_shape
+from trainers.torchfree.projection import Job, Projection
 from trainers.torchfree.shapes import ModelConfig
 from trainers.torchfree.train_config import TrainConfig
 from trainers.torchfree.trainer_table import TRAINERS, tensor_parallel_sizes
@@ -73,6 +74,16 @@ class Candidate:
         if self.checkpointing:
             flags.append("--activation-checkpointing")
         return " ".join(flags)
+
+
+def candidate_job(candidate: Candidate, shape: ModelConfig, seq: int,
+                  global_batch: int = 0) -> Job:
+    """The step ``candidate`` runs, as the projection prices it: ``global_batch`` sequences
+    (0: its micro-batch x accumulation x dp), full recomputation with activation
+    checkpointing, a pipeline on 1F1B (the planner's schedule)."""
+    return Job(shape, seq, global_batch or candidate.micro_batch * candidate.grad_accum
+               * candidate.layout.dp, candidate.layout, candidate.micro_batch,
+               "full" if candidate.checkpointing else "none", "1f1b")
 
 
 def last_stage_in_flight(schedule: str, in_flight: int) -> int:
@@ -244,11 +255,14 @@ def check_fits(cfg: TrainConfig, trainer: str, world: int, devices_per_node: int
 
 
 def table(shape: ModelConfig, seq: int, dtype: str, devices: int, device: str,
-          adapters: Adapters | None = None) -> str:
+          adapters: Adapters | None = None,
+          projection: Callable[[Job], Projection] | None = None, global_batch: int = 0) -> str:
     """GiB per rank at micro-batch 1 for DDP and each FSDP sharding, as the planner prices them
-    (with LoRA's ``adapters``)."""
-    lines = [f"{'configuration, micro-batch 1':44} {'states':>7} {'activ.':>7} {'peak':>7}"
-             "  (GiB per rank)"]
+    (with LoRA's ``adapters``); with ``projection``, each one's projected tokens/s per device
+    and MFU at ``global_batch`` sequences per step ("-" where the batch does not split)."""
+    head = f"{'configuration, micro-batch 1':44} {'states':>7} {'activ.':>7} {'peak':>7}"
+    lines = [head + (f" {'tok/s/dev':>9} {'MFU':>5}  (GiB per rank; projected)"
+                     if projection else "  (GiB per rank)")]
     rows = [("ddp", Layout("ddp", dp=devices), False), ("ddp", Layout("ddp", dp=devices), True),
             ("fsdp", Layout("zero2", dp=devices), False),
             ("fsdp", Layout("zero3", dp=devices), False),
@@ -257,8 +271,15 @@ def table(shape: ModelConfig, seq: int, dtype: str, devices: int, device: str,
         c = _candidate(trainer, layout, shape, seq, dtype, checkpointing, 1, 1, 1, device,
                        adapters=adapters)
         states = c.anatomy.params + c.anatomy.grads + c.anatomy.optimizer + c.anatomy.gathered
-        lines.append(f"{c.describe(batch=False):44} {states / GIB:7.2f} "
-                     f"{c.anatomy.activations / GIB:7.2f} {c.peak_bytes / GIB:7.2f}")
+        line = (f"{c.describe(batch=False):44} {states / GIB:7.2f} "
+                f"{c.anatomy.activations / GIB:7.2f} {c.peak_bytes / GIB:7.2f}")
+        if projection:
+            try:
+                p = projection(candidate_job(c, shape, seq, global_batch))
+                line += f" {p.tokens_per_s_per_device:9,.0f} {p.mfu:5.3f}"
+            except ConfigError:
+                line += f" {'-':>9} {'-':>5}"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ g5.12xlarge). ``--cpu`` and ``--memMB`` override either.
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 
 from trainers.torchfree.errors import ConfigError
 
@@ -27,6 +28,54 @@ GPU_MEMORY_GB: dict[str, float] = {
     "a100-40gb": 40, "a100-80gb": 80, "h100": 80, "h100-nvl": 94, "gh200": 96, "h200": 141,
     "b200": 180, "mi250x": 64, "mi300x": 192,
 }
+
+
+@dataclass(frozen=True)
+class GpuPerf:
+    """What the step-time projection (:mod:`trainers.torchfree.projection`) reads of a GPU.
+
+    ``peak_tflops``: dense bf16 tensor-core TFLOP/s (no sparsity), the vendor's figure.
+    ``intra_node_gbps``: GB/s one GPU sends to the others of its node, one direction (NVLink or
+    Infinity Fabric). ``inter_node_gbps``: GB/s one GPU sends to other nodes, one direction (its
+    share of the node's InfiniBand/RoCE NICs, one NIC per GPU in the systems named). Line rates:
+    what a collective achieves of them is the projection's ``link_efficiency``.
+    """
+
+    peak_tflops: float
+    intra_node_gbps: float
+    inter_node_gbps: float
+
+
+# The GPUs whose peak and fabric the projection knows (`trainers.plan --gpu-type`); any other
+# GPU takes --peak-tflops, --intra-node-gbps and --inter-node-gbps. Sources:
+# - a100-*: NVIDIA A100 datasheet (bf16 312 TFLOP/s dense; NVLink 3 600 GB/s per GPU, both
+#   directions); DGX A100: 8 x 200 Gb/s HDR InfiniBand for 8 GPUs (25 GB/s per GPU).
+# - h100, h200: NVIDIA H100 / H200 SXM datasheets (bf16 1,979 TFLOP/s with sparsity, 989.4
+#   dense; NVLink 4 900 GB/s both directions); DGX H100/H200: 8 x 400 Gb/s ConnectX-7 for 8
+#   GPUs (50 GB/s per GPU).
+# - b200: NVIDIA DGX B200 datasheet (72 PFLOP/s FP8 training with sparsity on 8 GPUs: 2.25
+#   PFLOP/s dense bf16 per GPU; NVLink 5 1.8 TB/s both directions; 8 x 400 Gb/s ConnectX-7).
+# - mi300x: AMD Instinct MI300X datasheet (bf16 1,307.4 TFLOP/s dense; 896 GB/s Infinity Fabric
+#   peer bandwidth both directions); 400 Gb/s NIC per GPU as in the 8-GPU platforms.
+GPU_PERF: dict[str, GpuPerf] = {
+    "a100-40gb": GpuPerf(312.0, 300.0, 25.0),
+    "a100-80gb": GpuPerf(312.0, 300.0, 25.0),
+    "h100": GpuPerf(989.4, 450.0, 50.0),
+    "h200": GpuPerf(989.4, 450.0, 50.0),
+    "b200": GpuPerf(2250.0, 900.0, 50.0),
+    "mi300x": GpuPerf(1307.4, 448.0, 50.0),
+}
+
+
+def gpu_perf(gpu_type: str) -> GpuPerf:
+    """The peak and fabric of ``gpu_type``; ConfigError naming the known types and the flags
+    that stand in for the table."""
+    try:
+        return GPU_PERF[gpu_type.lower()]
+    except KeyError:
+        raise ConfigError(f"--gpu-type {gpu_type}: its peak and fabric are not in the table "
+                          f"({', '.join(GPU_PERF)}); pass --peak-tflops T --intra-node-gbps B "
+                          "--inter-node-gbps B") from None
 
 
 def node_request(gpus: int, cpu: int, mem_mb: int) -> tuple[int, int]:
