@@ -10,6 +10,7 @@ import pytest
 
 from tests.support.runs import TINY, run_trainer
 from trainers import plot
+from trainers.torchfree import run_plot
 from trainers.torchfree.errors import ConfigError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -35,18 +36,18 @@ def _records(run_dir):
 
 @pytest.mark.slow
 def test_runs_are_drawn_against_the_step_with_a_legend_of_their_differences(runs, tmp_path):
-    loaded = [plot.load_run(runs / name) for name in ("a", "b")]
-    assert plot.labels(loaded) == ["ddp --lr 0.003", "ddp --lr 0.001"]
-    fig = plot.draw(loaded)
+    loaded = [run_plot.load_run(runs / name) for name in ("a", "b")]
+    assert run_plot.labels(loaded) == ["ddp --lr 0.003", "ddp --lr 0.001"]
+    fig = run_plot.draw(loaded)
     axes = fig.get_axes()
-    assert [ax.get_ylabel() for ax in axes] == [p[1] for p in plot.PANELS]
+    assert [ax.get_ylabel() for ax in axes] == [p[1] for p in run_plot.PANELS]
     loss = axes[0]
     train_a, eval_a, train_b, _ = loss.get_lines()
     assert list(train_a.get_xdata()) == [1, 2, 3, 4]
     assert list(train_a.get_ydata()) == [r["loss"] for r in _records(runs / "a")]
     assert list(eval_a.get_xdata()) == [2, 4]
     assert list(train_b.get_ydata()) == [r["loss"] for r in _records(runs / "b")]
-    assert [t.get_text() for t in loss.get_legend().get_texts()] == plot.labels(loaded)
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == run_plot.labels(loaded)
     memory = axes[3].get_lines()[0]
     assert list(memory.get_ydata()) == [r["peak_memory_bytes"] / 2**30
                                         for r in _records(runs / "a")]
@@ -54,19 +55,19 @@ def test_runs_are_drawn_against_the_step_with_a_legend_of_their_differences(runs
     out = plot.main([str(runs / "a"), str(runs / "b"), "-o", str(tmp_path / "two.png")])
     assert out.read_bytes()[:8] == PNG_SIGNATURE and out.stat().st_size > 10_000
     assert plot.main([str(runs / "a")]) == runs / "a" / "plot.png"
-    assert plot.labels([loaded[0]]) == ["ddp --model tiny"]
+    assert run_plot.labels([loaded[0]]) == ["ddp --model tiny"]
     shutil.copytree(runs / "a", tmp_path / "a-again")
-    alike = [loaded[0], plot.load_run(tmp_path / "a-again")]
-    assert plot.labels(alike) == ["ddp (a)", "ddp (a-again)"]
+    alike = [loaded[0], run_plot.load_run(tmp_path / "a-again")]
+    assert run_plot.labels(alike) == ["ddp (a)", "ddp (a-again)"]
 
 
 @pytest.mark.slow
 def test_a_pipeline_runs_timeline_is_drawn(runs, tmp_path):
-    run = plot.load_run(runs / "pipe")
+    run = run_plot.load_run(runs / "pipe")
     assert {i["stage"] for i in run.timeline} == {0, 1}
     assert sorted((i["kind"], i["microbatch"], i["stage"]) for i in run.timeline) == sorted(
         (kind, m, s) for kind in "FB" for m in range(2) for s in range(2))
-    fig = plot.draw([run])
+    fig = run_plot.draw([run])
     timeline = fig.get_axes()[-1]
     assert len(timeline.patches) == len(run.timeline) == 8
     assert [t.get_text() for t in timeline.get_yticklabels()] == ["stage 0", "stage 1"]
@@ -76,7 +77,7 @@ def test_a_pipeline_runs_timeline_is_drawn(runs, tmp_path):
 
 def test_a_directory_without_metrics_is_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(ConfigError, match="holds no metrics.jsonl; pass a run directory"):
-        plot.load_run(tmp_path)
+        run_plot.load_run(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         plot.main([str(tmp_path)])
     assert exit_info.value.code == 2

@@ -20,6 +20,7 @@ import torch
 from tests.integration.test_bad_input_models import CASES, bad_hf_dirs
 from tests.support.runs import TINY, losses, one_line_error, run_trainer
 from trainers import export, plot, sample
+from trainers.torchfree import run_plot
 from trainers.torchfree.checkpoint_files import MANIFEST
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError
@@ -92,13 +93,13 @@ def test_a_step_without_its_manifest_is_no_checkpoint_in_a_bucket(local_run, s3,
 def test_a_bucket_run_plots_as_its_local_directory(local_run, s3, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     url = upload(local_run, s3.url("runs/exp1"))
-    here, there = plot.load_run(local_run), plot.load_run(location(url))
+    here, there = run_plot.load_run(local_run), run_plot.load_run(location(url))
     assert (there.metrics, there.config, there.timeline) == (here.metrics, here.config,
                                                              here.timeline)
-    assert plot.labels([there]) == plot.labels([here]) == ["ddp --model tiny"]
+    assert run_plot.labels([there]) == run_plot.labels([here]) == ["ddp --model tiny"]
     drawn = [[(tuple(line.get_xdata()), tuple(line.get_ydata())) for ax in
-              plot.draw([run]).get_axes() for line in ax.get_lines()] for run in (here, there)]
-    assert drawn[0] == drawn[1] and len(drawn[0]) == len(plot.PANELS) + 1  # + eval dots
+              run_plot.draw([run]).get_axes() for line in ax.get_lines()] for run in (here, there)]
+    assert drawn[0] == drawn[1] and len(drawn[0]) == len(run_plot.PANELS) + 1  # + eval dots
     out = plot.main([url, "-o", str(tmp_path / "plot.png")])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(plot.main([url])) == f"{url}/plot.png"  # by default next to its metrics

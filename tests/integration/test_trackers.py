@@ -113,6 +113,9 @@ def test_mlflow_run_equals_metrics_jsonl_across_a_resume(tmp_path, mlflow_uri):
     assert (summary["resumed_from_step"], summary["steps_lost"]) == (3, 1)
     assert json.loads(Path(client.download_artifacts(run_id, "summary.json",
                                                      str(tmp_path))).read_text()) == summary
+    plot = Path(client.download_artifacts(run_id, "plot.png", str(tmp_path / "artifacts")))
+    assert plot.read_bytes() == (tmp_path / "plot.png").read_bytes()
+    assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.slow
@@ -212,3 +215,6 @@ def test_wandb_offline_run_equals_metrics_jsonl_across_a_preemption(tmp_path):
         assert {k: logged[step][k] for k in KEYS} == {k: record[k] for k in KEYS}, step
     assert summary["final_loss"] == json.loads((tmp_path / "summary.json").read_text())[
         "final_loss"]
+    # each attempt keeps the plot as far as it got; the last one's is the run's
+    kept = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}/files/plot.png"))
+    assert len(kept) == 2 and kept[-1].read_bytes() == (tmp_path / "plot.png").read_bytes()

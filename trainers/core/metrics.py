@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from trainers.core.trackers import IDS_FILE, Guarded, open_trackers
+from trainers.core.trackers import IDS_FILE, PLOT_TRACKERS, Guarded, open_trackers
 from trainers.torchfree.mirror import Mirror
+from trainers.torchfree.run_plot import load_run, render
 from trainers.torchfree.run_record import read_config
 from trainers.torchfree.storage import RunPath, write_bytes_atomic
 
@@ -163,9 +164,24 @@ class MetricsWriter:
             tracker.call("log_metrics", step, metrics)
 
     def log_summary(self, summary: dict[str, Any]) -> None:
-        """Give the trackers the run's summary (summary.json) as final metrics."""
+        """Give the trackers the run's summary (summary.json) as final metrics, and those that
+        keep files (:data:`~trainers.core.trackers.PLOT_TRACKERS`) the run's plot, drawn into
+        ``plot.png`` of the run directory (when matplotlib is installed: ``.[plot]``)."""
         for tracker in self._trackers:
             tracker.call("log_summary", summary)
+        keep_plot = [t for t in self._trackers if t.name in PLOT_TRACKERS and t.tracker]
+        if not keep_plot or self._mirror is None:
+            return
+        try:
+            image = render([load_run(self._mirror.local)])
+        except ImportError:
+            self.print("note: the trackers get no plot: matplotlib is not installed (pip "
+                       "install -e '.[plot]')")
+            return
+        plot = self._mirror.local / "plot.png"
+        plot.write_bytes(image)
+        for tracker in keep_plot:
+            tracker.call("log_plot", plot)
 
     def print(self, line: str) -> None:
         if self._bar is not None:

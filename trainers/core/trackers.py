@@ -3,7 +3,9 @@
 Rank 0's :class:`~trainers.core.metrics.MetricsWriter` opens the trackers the config chooses
 (:func:`open_trackers`) and gives each the figures it writes to metrics.jsonl, at the same
 steps; the run's resolved options as parameters and its directory and git commit as tags when
-the tracker's run is new; ``summary.json`` as final metrics at the end. A tracker's package is
+the tracker's run is new; ``summary.json`` as final metrics and the run's plot
+(:mod:`trainers.torchfree.run_plot`) as an artifact at the end (trackers in
+:data:`PLOT_TRACKERS`). A tracker's package is
 imported only when it is chosen. Where and under which project a run is reported comes from the
 trackers' own environment variables (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``,
 ``WANDB_PROJECT``, ``WANDB_MODE``, ``WANDB_API_KEY``; docs/tracking.md).
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 IDS_FILE = "trackers.json"
+# The trackers that keep the run's plot as a file (TensorBoard draws the curves itself).
+PLOT_TRACKERS = ("mlflow", "wandb")
 
 
 class Tracker(Protocol):
@@ -35,6 +39,9 @@ class Tracker(Protocol):
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         """Record the run's ``summary.json`` contents as final metrics."""
+
+    def log_plot(self, path: Path) -> None:
+        """Keep the run's plot (a PNG file at ``path``) with the run."""
 
     def flush(self) -> None:
         """Make what was recorded so far durable (the writer calls this at checkpoints)."""
@@ -59,6 +66,9 @@ class TensorBoardTracker:
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         """TensorBoard has no run summary: summary.json sits next to its events."""
+
+    def log_plot(self, path: Path) -> None:
+        """TensorBoard draws the curves itself."""
 
     def flush(self) -> None:
         self._tb.flush()
@@ -89,6 +99,9 @@ class MLflowTracker:
         self._mlflow.log_metrics({f"summary/{key}": value for key, value in _numbers(summary)})
         self._mlflow.log_dict(summary, "summary.json")
 
+    def log_plot(self, path: Path) -> None:
+        self._mlflow.log_artifact(str(path))
+
     def flush(self) -> None:
         """MLflow's calls are synchronous: nothing waits."""
 
@@ -114,6 +127,10 @@ class WandbTracker:
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         self._run.summary.update(dict(_numbers(summary)))
+
+    def log_plot(self, path: Path) -> None:
+        """A file of the run (in offline mode: its ``files/``, which ``wandb sync`` uploads)."""
+        self._run.save(str(path), base_path=str(path.parent), policy="now")
 
     def flush(self) -> None:
         """W&B writes in its own process: nothing waits."""
