@@ -36,7 +36,10 @@ class Variant:
 
     @property
     def bf16(self) -> bool:
-        return "bf16" in self.flags
+        """Whether the variant computes in bf16 (``--dtype bf16``; its MFU is against the bf16
+        peak)."""
+        flags = list(self.flags)
+        return "--dtype" in flags and flags[flags.index("--dtype") + 1] == "bf16"
 
 
 # "minimal" is bench/minimal_loop.py; the rest are our trainers, one thread per rank.
@@ -44,6 +47,7 @@ VARIANTS = {
     "ours": Variant("ddp", 1),
     "compiled": Variant("ddp", 1, ("--compile",)),
     "ddp2": Variant("ddp", 2),
+    "ddp2_bf16_reduce": Variant("ddp", 2, ("--grad-reduce-dtype", "bf16")),
     "fsdp2": Variant("fsdp", 2),
     "bf16": Variant("ddp", 1, ("--dtype", "bf16")),
     "bf16_compiled": Variant("ddp", 1, ("--dtype", "bf16", "--compile")),
@@ -240,6 +244,8 @@ def summarize(plan: Plan, peaks: dict[str, float], peak: dict, runs: dict, launc
         single, ddp2 = res[f"single{own}"], res[f"ddp2{own}"]
         res[f"scaling_efficiency{own}"] = ddp2["tokens_per_s"] / (2 * single["tokens_per_s"])
         res[f"loop_overhead{own}"] = single["median_step_s"] / res["minimal"]["median_step_s"] - 1
+    res["scaling_efficiency_bf16_reduce"] = res["ddp2_bf16_reduce"]["tokens_per_s"] / (
+        2 * res["single"]["tokens_per_s"])
     bf16_mfu = max((res[k]["mfu"] for k in ("bf16", "bf16_compiled") if k in res), default=None)
     targets = [("MFU fp32, our loop (1 proc, 1 thread)", res["ours"]["mfu"], ">=", 0.80, False),
                ("MFU bf16, best of eager/compiled", bf16_mfu, ">=", 0.50, False),
@@ -281,6 +287,7 @@ def table(report: dict[str, Any]) -> str:
         for t in res["targets"])]
     names = {"ours": "our loop, 1 proc, fp32", "minimal": "minimal loop, 1 proc, fp32",
              "compiled": "our loop, 1 proc, fp32, --compile", "ddp2": "DDP, 2 ranks, fp32",
+             "ddp2_bf16_reduce": "DDP, 2 ranks, fp32, --grad-reduce-dtype bf16",
              "fsdp2": "FSDP, 2 ranks, fp32", "bf16": "our loop, 1 proc, bf16",
              "bf16_compiled": "our loop, 1 proc, bf16, --compile"}
     memory = res["loss_memory"]
@@ -298,6 +305,8 @@ def table(report: dict[str, Any]) -> str:
              fmt(res["loop_overhead_trainer_reported"], percent=True)),
             ("scaling by trainer's own step_time_s",
              fmt(res["scaling_efficiency_trainer_reported"])),
+            ("scaling, DDP 2 ranks with bf16 gradient reduction",
+             fmt(res["scaling_efficiency_bf16_reduce"])),
             ("time to step 1, torchx / torchrun",
              f"{launch['torchx']:.2f}s / {launch['torchrun']:.2f}s (medians)"),
             ("time to step 1, torchrun with the components' flags",

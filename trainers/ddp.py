@@ -23,7 +23,7 @@ def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:
     model = spec.meta_model()
     apply_block_options(model, spec, cfg)
     materialize(model, env.device, cfg.seed, spec)
-    return DDPStrategy(model, env)
+    return DDPStrategy(model, env, cfg.grad_reduce_dtype)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

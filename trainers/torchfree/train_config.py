@@ -104,6 +104,11 @@ class TrainConfig:
                                      "between nodes as inside one")
     sequence_parallel: bool = _opt(False, "shard norms and the residual stream along the sequence "
                                    "between tensor-parallel regions")
+    grad_reduce_dtype: str = _opt("fp32", "DDP: the dtype gradients are all-reduced in: fp32 "
+                                  "(exact) or bf16 (half the bytes, for jobs the network "
+                                  "bounds; each reduced gradient is rounded to bf16, so the "
+                                  "losses differ slightly from fp32's)",
+                                  choices=["fp32", "bf16"])
     reshard_after_forward: bool = _opt(True, "FSDP: free gathered parameters after forward "
                                        "(ZeRO-3); false keeps them until backward (ZeRO-2)")
     cpu_offload: bool = _opt(False, "FSDP: keep sharded parameters, gradients and optimizer "

@@ -232,7 +232,8 @@ TRAINERS: dict[str, Trainer] = {t.name: t for t in (
     Trainer("ddp", "data parallel with DistributedDataParallel: every rank a whole replica",
             "Use it when the model, its gradients and AdamW state fit on one device: the "
             "simplest and usually fastest choice; otherwise trainers.fsdp.",
-            options=_LORA, split=_replicated_split, oom_hints=(_SHARD_HINT,)),
+            options=frozenset({"grad_reduce_dtype"}) | _LORA, split=_replicated_split,
+            oom_hints=(_SHARD_HINT,)),
     Trainer("fsdp", "FSDP2 fully_shard: each rank holds 1/N of parameters, gradients and "
             "optimizer state",
             "Use it when the model and its training state do not fit on one device but each "
