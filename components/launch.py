@@ -120,13 +120,8 @@ def trainer_app(
     (:mod:`components.schedulers.submit`), never for a dry run.
     """
     min_nodes, max_nodes, nproc = node_range(j)
-    named = check_launch_specs(h, mounts)
-    args = list(script_args)
-    if not any(a == "--output-dir" or a.startswith("--output-dir=") for a in args):
-        args += ["--output-dir", f"outputs/{macros.app_id}"]
-    gpus = named.gpu if named is not None else gpu
-    cpu, memMB = node_request(gpus, cpu, memMB)
-    resource = named or specs.resource(cpu=cpu, gpu=gpu, memMB=memMB)
+    gpus, resource = node_resource(h, mounts, cpu, gpu, memMB)
+    args = with_output_dir(script_args)
     cfg = check_trainer(trainer, args, nodes=range(min_nodes, max_nodes + 1), nproc=nproc,
                         gpus=gpus, node_mb=resource.memMB, env=env, check_paths=check_paths,
                         device_memory_gb=device_memory_gb, gpu_type=gpu_type)
@@ -137,6 +132,26 @@ def trainer_app(
     if check_paths:
         note_stores(app.roles[0], cfg)
     return app
+
+
+def node_resource(h: str | None, mounts: list[str] | None, cpu: int, gpu: int,
+                  memMB: int) -> tuple[int, specs.Resource]:
+    """A node's GPUs and what it asks the scheduler for: the named resource ``h`` when given,
+    else ``cpu``, ``gpu`` and ``memMB`` (0: the per-node defaults of
+    :func:`trainers.torchfree.resources.node_request`); ``h`` and ``mounts`` checked first."""
+    named = check_launch_specs(h, mounts)
+    gpus = named.gpu if named is not None else gpu
+    cpu, memMB = node_request(gpus, cpu, memMB)
+    return gpus, named or specs.resource(cpu=cpu, gpu=gpu, memMB=memMB)
+
+
+def with_output_dir(script_args: Sequence[str]) -> list[str]:
+    """The trainer's arguments, with ``--output-dir outputs/<app id>`` when they name none (so
+    that a scheduler's retry of the job resumes from its own checkpoints)."""
+    args = list(script_args)
+    if not any(a == "--output-dir" or a.startswith("--output-dir=") for a in args):
+        args += ["--output-dir", f"outputs/{macros.app_id}"]
+    return args
 
 
 def torchrun_app(module: str, *args: str, j: str, name: str | None = None,

@@ -7,15 +7,12 @@
 from typing import Dict, List, Optional
 
 from torchx import specs
-from torchx.specs import macros
 
-from components.checks import check_launch_specs
 from components.errors import ComponentArgumentError
-from components.launch import DEFAULT_IMAGE
+from components.launch import DEFAULT_IMAGE, node_resource, with_output_dir
 from trainers.torchfree import trainer_table
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.resources import node_request
 from trainers.torchfree.search_space import SearchOptions, check_search
 
 
@@ -78,13 +75,8 @@ def tune(
         max_retries: scheduler retries of the job; each resumes the search
         mounts: mounts, e.g. type=bind,src=/data,dst=/data
     """
-    named = check_launch_specs(h, mounts)
-    gpus = named.gpu if named is not None else gpu
-    num_cpus, mem_mb = node_request(gpus, cpu, memMB)
-    resource = named or specs.resource(cpu=num_cpus, gpu=gpus, memMB=mem_mb)
-    args = list(script_args)
-    if not any(a == "--output-dir" or a.startswith("--output-dir=") for a in args):
-        args += ["--output-dir", f"outputs/{macros.app_id}"]
+    gpus, resource = node_resource(h, mounts, cpu, gpu, memMB)
+    args = with_output_dir(script_args)
     try:
         entry = trainer_table.trainer(trainer)
         if entry.ray is not None:

@@ -32,10 +32,11 @@ Here: the options and the launch; joining and checking the cluster is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -232,27 +233,39 @@ def _process_died(failure: BaseException) -> bool:
         isinstance(getattr(failure, "cause", None), (ActorDiedError, ActorUnavailableError))
 
 
+@contextlib.contextmanager
+def on_cluster(options: LaunchOptions) -> Iterator[None]:
+    """Join (or start) the Ray cluster of ``options`` and check that it can place the workers
+    (unless ``--skip-resource-check``); Ray is shut down on the way out. ConfigError (one line)
+    when Ray Train is not installed, there is no cluster, or it cannot place the workers."""
+    try:
+        import ray
+        import ray.train  # noqa: F401 (the extra's package: ray[train])
+    except ImportError:
+        raise ConfigError("Ray Train is not installed; pip install -e '.[ray]' "
+                          "-c constraints/cpu.txt") from None
+    connect(options.address, options.num_cpus)
+    try:
+        if not options.skip_resource_check:
+            check_resources(options.workers, options.cpus_per_worker, options.gpus_per_worker,
+                            ray.nodes())
+        yield
+    finally:
+        ray.shutdown()  # first, so that no forwarded log line lands after the caller's
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     configure_logging()
     with exit_on_config_error(PROG):
         options, cfg, trainer_args = parse_args(sys.argv[1:] if argv is None else argv)
-        try:
-            import ray
-            from ray.train import TrainingFailedError
-        except ImportError:
-            raise ConfigError("Ray Train is not installed; pip install -e '.[ray]' "
-                              "-c constraints/cpu.txt") from None
-        connect(options.address, options.num_cpus)
         failure = ""
-        try:
-            if not options.skip_resource_check:
-                check_resources(options.workers, options.cpus_per_worker,
-                                options.gpus_per_worker, ray.nodes())
-            result = launch(options, cfg, trainer_args)
-        except TrainingFailedError as err:
-            failure = _failure_line(err, options.max_failures)
-        finally:
-            ray.shutdown()  # first, so that no forwarded log line lands after ours
+        with on_cluster(options):
+            from ray.train import TrainingFailedError
+
+            try:
+                result = launch(options, cfg, trainer_args)
+            except TrainingFailedError as err:
+                failure = _failure_line(err, options.max_failures)
         if failure:
             sys.stderr.write(f"{PROG}: error: {failure}\n")
             raise SystemExit(1)

@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.ray_cluster import check_resources, connect
 from trainers.ray_train import (
     SERVED,
     LaunchOptions,
     add_launch_arguments,
     check_launch,
+    on_cluster,
     split_at_dashes,
     torch_trainer,
 )
@@ -319,23 +319,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     configure_logging()
     with exit_on_config_error(PROG):
         search = parse_args(sys.argv[1:] if argv is None else argv)
-        try:
-            import ray
-            import ray.tune  # noqa: F401 (Tune's extra, ray[tune], comes with ray[train])
-        except ImportError:
-            raise ConfigError("Ray Tune is not installed; pip install -e '.[ray]' "
-                              "-c constraints/cpu.txt") from None
-        connect(search.launch.address, search.launch.num_cpus)
-        print(f"{PROG}: {search.options.trials * grid_size(search.axes)} trials of "
-              f"trainers.{search.launch.trainer} on {search.launch.workers} worker(s) each, in "
-              f"{search.directory}", flush=True)
-        try:
-            if not search.launch.skip_resource_check:
-                check_resources(search.launch.workers, search.launch.cpus_per_worker,
-                                search.launch.gpus_per_worker, ray.nodes())
+        with on_cluster(search.launch):
+            print(f"{PROG}: {search.options.trials * grid_size(search.axes)} trials of "
+                  f"trainers.{search.launch.trainer} on {search.launch.workers} worker(s) each, "
+                  f"in {search.directory}", flush=True)
             results = tuner(search).fit()
-        finally:
-            ray.shutdown()
     rows = trial_rows(results, search)
     print(table(rows, search.axes), flush=True)
     best = best_row(rows)

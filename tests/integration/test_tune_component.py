@@ -1,7 +1,8 @@
 """The ``tune`` component (components/tune.py): one job running ``python -m trainers.tune`` on
 one node's local Ray cluster, its search checked before anything is scheduled, the same AppDef
 on every scheduler. Its run under ``torchx run -s local_cwd`` is in tests/system/test_tune.py
-(it needs Ray)."""
+(it needs Ray), its Slurm dry run in tests/system/test_slurm_commands.py (it needs the
+controller)."""
 
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ def test_a_bad_search_is_refused_before_scheduling(kwargs, message):
     assert "\n" not in str(err.value)
 
 
-def test_slurm_runs_the_search_as_one_step():
-    """The Slurm dry run: one srun of the search command, as the node's job."""
+def assert_slurm_runs_the_search_as_one_step() -> None:
+    """The Slurm dry run: one srun of the search command, as the node's job (the Slurm
+    scheduler checks the partition with the controller first: tests/system/test_slurm_commands.py
+    runs it against the local cluster)."""
     proc = torchx_cli("run", "-s", "slurm", "--dryrun", "tune", "--trainer", "ddp", "--search",
                       "lr=loguniform:1e-4:1e-2", "--", *TRIAL, "--output-dir", "/mnt/s")
     assert proc.returncode == 0, proc.stderr[-3000:]
