@@ -43,7 +43,12 @@ from typing import Any
 
 from trainers.ray_cluster import check_resources, connect, host_port
 from trainers.ray_worker import attempts_actor, train_worker
-from trainers.torchfree.config import OneLineParser, exit_on_config_error, parse_config
+from trainers.torchfree.config import (
+    OneLineParser,
+    exit_on_config_error,
+    parse_config,
+    split_at_dashes,
+)
 from trainers.torchfree.config_checks import check_locations
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.log_setup import configure_logging
@@ -104,13 +109,6 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-resource-check", action="store_true",
                         help="submit even if the cluster cannot place the workers now (for "
                              "clusters that autoscale)")
-
-
-def split_at_dashes(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``argv`` before and after its first ``--`` (the launcher's and the trainer's)."""
-    argv = list(argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    return argv[:split], argv[split + 1:]
 
 
 def parse_args(argv: Sequence[str]) -> tuple[LaunchOptions, TrainConfig, list[str]]:

@@ -42,11 +42,15 @@ from trainers.ray_train import (
     add_launch_arguments,
     check_launch,
     on_cluster,
-    split_at_dashes,
     torch_trainer,
 )
 from trainers.ray_worker import PLACEMENT_GROUP
-from trainers.torchfree.config import OneLineParser, exit_on_config_error
+from trainers.torchfree.config import (
+    OneLineParser,
+    exit_on_config_error,
+    split_at_dashes,
+    without_option,
+)
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.log_setup import configure_logging
 from trainers.torchfree.search_space import (
@@ -54,7 +58,6 @@ from trainers.torchfree.search_space import (
     SearchOptions,
     check_search,
     grid_size,
-    without_output_dir,
 )
 
 PROG = "trainers.tune"
@@ -122,7 +125,7 @@ def parse_args(argv: Sequence[str]) -> Search:
     options = SearchOptions(ns.trials, ns.max_concurrent, ns.grace_period, ns.reduction_factor)
     axes, grace = check_search(ns.search, options, launch.trainer, trainer_args, launch.workers,
                                cfg)
-    return Search(launch, axes, without_output_dir(trainer_args), Path(cfg.output_dir),
+    return Search(launch, axes, without_option(trainer_args, "--output-dir"), Path(cfg.output_dir),
                   options, grace, cfg.steps, ns.seed)
 
 

@@ -1,8 +1,8 @@
 """Every ``python -m trainers.*`` command besides the trainers (prepare_data, train_tokenizer,
-sample, export, plot, plan, memory, ray_train, tune) given wrong input, as a new user would: each is
-refused with exit 2, no output and one ``trainers.X: error: ...`` line that names the fix,
-without a traceback, and nothing in its directory is written, truncated or removed (existing
-outputs included).
+sample, export, plot, plan, memory, ray_train, tune, scaling) given wrong input, as a new user
+would: each is refused with exit 2, no output and one ``trainers.X: error: ...`` line that
+names the fix, without a traceback, and nothing in its directory is written, truncated or
+removed (existing outputs included).
 
 Each row runs in a directory of its own holding the inputs below (:func:`_inputs`); the rows'
 processes run a few at a time, started once for the module (:func:`refusals`), since each is a
@@ -156,6 +156,23 @@ ROWS = [
            "--trials must be positive, got 0; pass 1 or more"),
           ("--trainer model_parallel --workers 2 --search lr=choice:1e-3",
            "cannot run under Ray Train")),
+    *rows("scaling",
+          ("--nproc 1", "1 process is the baseline: pass --nproc 2 (or more), or --nodes 2"),
+          ("--steps 5", "--steps 5 leaves no timed steps besides 3 warm-up, the profiler's "
+           "warm-up and 5 profiled ones; pass --steps 11 or more"),
+          ("--profile-steps 0", "--profile-steps must be positive, got 0; pass e.g. 5"),
+          ("--nodes 2", "--nodes 2: pass --rdzv-endpoint HOST:PORT of node 0"),
+          ("--nodes 2 --node-rank 2 --rdzv-endpoint h:1", "a --node-rank below it"),
+          ("--trainer pipeline", "argument --trainer: invalid choice: 'pipeline'", False),
+          ("-- --steps 4", "--steps is set by trainers.scaling for each run; pass "
+           "trainers.scaling's own --steps"),
+          ("-- --output-dir=x", "--output-dir is set by trainers.scaling for each run"),
+          ("-- --batch-size 3", "--batch-size 3 is not divisible by --grad-accum 1 x "
+           "data-parallel size 2; pass a multiple of 2"),
+          ("-- --tp 2", "--tp is not served by trainers.ddp; use trainers.tensor_parallel"),
+          (f"--output-dir {UNWRITABLE}", "the 1 process run cannot run: --output-dir "
+           f"{UNWRITABLE}/nproc1: /proc cannot be written"),
+          ("-- --bogus", "unrecognized arguments: --bogus")),
 ]
 
 

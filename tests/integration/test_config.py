@@ -53,6 +53,9 @@ def test_micro_batch_is_global_over_accumulation_and_replicas(tmp_path):
     (["--seq-len", "65"], "exceeds the tiny model's context of 64"),
     (["--dtype", "fp8"], "invalid choice: 'fp8'"),
     (["--steps", "ten"], "invalid int value: 'ten'"),
+    (["--steps", "20", "--profile-steps", "20"],
+     "--profile-steps 20 must be below --steps 20 .* pass --profile-steps 5 or more --steps"),
+    (["--profile-steps", "-1"], "--profile-steps must be >= 0"),
 ])
 def test_bad_values(tmp_path, args, message):
     with pytest.raises(ConfigError, match=message):

@@ -13,6 +13,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from trainers.torchfree.checkpoint_files import find_checkpoints
+from trainers.torchfree.config import without_option
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,17 +59,8 @@ def torchx_cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None,
                           timeout=timeout)
 
 
-def without(args: list[str], *options: str) -> list[str]:
-    """``args`` less the given options and their values."""
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in options:
-            skip = True
-        else:
-            out.append(arg)
-    return out
+# ``args`` less the given options and their values (the tests' short name).
+without = without_option
 
 
 def losses(run_dir: Path) -> dict[int, float]:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from trainers.torchfree.config import without_option
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.search_space import (
     Axis,
     grid_size,
     parse_axis,
     parse_space,
-    without_output_dir,
 )
 from trainers.tune import TrialRow, best_command, best_row, parse_args, table, trial_args
 
@@ -56,8 +56,8 @@ def test_an_option_searched_twice_is_refused():
 
 
 def test_the_fixed_output_dir_is_the_search_directory_not_a_trial_option(tmp_path):
-    assert without_output_dir(["--a", "1", "--output-dir", "x", "--output-dir=y", "--b"]) == [
-        "--a", "1", "--b"]
+    args = ["--a", "1", "--output-dir", "x", "--output-dir=y", "--b"]
+    assert without_option(args, "--output-dir") == ["--a", "1", "--b"]
     search = parse_args(["--trainer", "ddp", "--workers", "1", "--search", "lr=grid:1e-3,1e-2",
                          "--", *TRIAL, "--output-dir", str(tmp_path / "s")])
     assert search.directory == tmp_path / "s" and search.trainer_args == TRIAL

@@ -36,6 +36,7 @@ from trainers.core.metrics import (
     write_summary,
 )
 from trainers.core.preemption import Notice, PreemptionWatch
+from trainers.core.profiling import StepProfiler
 from trainers.core.run_state import Run, RunFacts, RunState, Throughput, resume_notes, summarize
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec
@@ -99,9 +100,12 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
     """
     run, state = start_run(cfg, env, strategy, spec.shape)
     with PreemptionWatch(parse_signals(cfg.preemption_signals), env, notice) as watch, \
-            contextlib.closing(run.checkpointer), contextlib.closing(run.writer):
+            contextlib.closing(run.checkpointer), contextlib.closing(run.writer), \
+            StepProfiler(cfg.profile_steps, state.start_step + 1, cfg.steps,
+                         env.device) as profiler:
         for step in range(state.start_step + 1, cfg.steps + 1):
             metrics = train_step(run, step, state.facts.schedule_steps)
+            profiler.step()
             log_step(run, state, step, metrics)
             maybe_kill(run.kill_at, "step", env.rank, step, run.run_dir)
             run.progress.step = step
@@ -117,6 +121,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
                                  "scheduler to restart the job, which resumes from it "
                                  "(--resume auto)")
                 break
+        profiler.report(run.run_dir, env.rank, run.writer.print)
         return finish(run, state)
 
 

@@ -172,6 +172,27 @@ def parse_config(argv: Sequence[str] | None, name: str,
     return resolved
 
 
+def split_at_dashes(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``argv`` before and after its first ``--`` (a launcher's options and the trainer's)."""
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    return argv[:split], argv[split + 1:]
+
+
+def without_option(args: Sequence[str], *flags: str) -> list[str]:
+    """``args`` less every ``FLAG VALUE`` and ``FLAG=VALUE`` of ``flags``."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif arg.split("=", 1)[0] not in flags:
+            kept.append(arg)
+    return kept
+
+
 @contextlib.contextmanager
 def exit_on_config_error(prog: str) -> Iterator[None]:
     """Turn a :class:`ConfigError` raised inside into one ``prog: error:`` line and exit 2."""

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 POSITIVE = ("steps", "batch_size", "grad_accum", "train_samples", "val_samples", "eval_batches",
             "log_every", "keep_checkpoints", "prefetch_factor")
-NON_NEGATIVE = ("seq_len", "warmup_steps", "eval_every", "checkpoint_every", "num_workers")
+NON_NEGATIVE = ("seq_len", "warmup_steps", "eval_every", "checkpoint_every", "num_workers",
+                "profile_steps")
 NON_NEGATIVE_FLOATS = ("grad_clip", "weight_decay", "peak_tflops")
 
 
@@ -60,6 +61,10 @@ def check_options(cfg: TrainConfig) -> None:
     for option in NON_NEGATIVE:
         if getattr(cfg, option) < 0:
             raise ConfigError(f"{_flag(option)} must be >= 0, got {getattr(cfg, option)}")
+    if cfg.profile_steps >= cfg.steps:
+        raise ConfigError(f"--profile-steps {cfg.profile_steps} must be below --steps "
+                          f"{cfg.steps} (the step before the profiled ones warms the profiler "
+                          f"up); pass --profile-steps {max(1, cfg.steps // 4)} or more --steps")
     if cfg.lr <= 0:
         raise ConfigError(f"--lr must be positive, got {cfg.lr}")
     for option in NON_NEGATIVE_FLOATS:

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainers.torchfree.config import build_parser, parse_config
+from trainers.torchfree.config import build_parser, parse_config, without_option
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.train_config import TrainConfig
 
@@ -133,20 +133,6 @@ def grid_size(axes: Sequence[Axis]) -> int:
     return math.prod(len(axis.values) for axis in axes if axis.kind == "grid")
 
 
-def without_output_dir(args: Sequence[str]) -> list[str]:
-    """``args`` less any ``--output-dir X`` or ``--output-dir=X``."""
-    kept: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--output-dir":
-            skip = True
-        elif not arg.startswith("--output-dir="):
-            kept.append(arg)
-    return kept
-
-
 def check_axes(axes: Sequence[Axis], trainer: str, trainer_args: Sequence[str],
                workers: int) -> None:
     """ConfigError (one line) for a searched option the trainer does not have, one also fixed
@@ -211,5 +197,5 @@ def check_search(exprs: Sequence[str], options: SearchOptions, trainer: str,
     if not 1 < options.reduction_factor < math.inf:
         raise ConfigError(f"--reduction-factor must be above 1, got "
                           f"{options.reduction_factor:g}; pass e.g. 2 or 3")
-    check_axes(axes, trainer, without_output_dir(trainer_args), workers)
+    check_axes(axes, trainer, without_option(trainer_args, "--output-dir"), workers)
     return axes, grace

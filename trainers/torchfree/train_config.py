@@ -136,6 +136,10 @@ class TrainConfig:
     eval_every: int = _opt(50, "evaluate every K steps (0: never)")
     eval_batches: int = _opt(4, "micro-batches per rank in each evaluation")
     log_every: int = _opt(10, "print a line every K steps (metrics.jsonl gets every step)")
+    profile_steps: int = _opt(0, "profile the attempt's last N steps with torch.profiler: "
+                              "profile.json splits a step into compute, exposed "
+                              "communication, data wait and host overhead; "
+                              "profile-trace.json is rank 0's trace (0: off)")
     peak_tflops: float = _opt(0.0, "peak TFLOP/s per device for MFU "
                               "(0: measured by a matmul probe)")
     tracker: str = _opt("tensorboard", "experiment trackers to report to, comma-separated or "
