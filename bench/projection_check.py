@@ -28,14 +28,19 @@ from trainers.torchfree.shapes import ModelConfig
 TABLE = Path(__file__).resolve().parent / "published_scaling.csv"
 CHANGE_GOAL_POINTS = 5.0
 ABSOLUTE_GOAL = 0.15
-# What each source states of how its framework overlaps communication: Megatron-LM's H100
-# runs hide tensor-parallel communication (--tp-comm-overlap) and overlap the distributed
-# optimizer's gradient reduce-scatter and parameter all-gather (--overlap-grad-reduce
-# --overlap-param-gather), as its README says; the others are priced as our trainers run
+# What each source states of how its framework runs (the CSV's notes name where): Megatron-LM's
+# H100 runs hide tensor-parallel communication (--tp-comm-overlap, which requires
+# --sequence-parallel) and overlap the distributed optimizer's gradient reduce-scatter and
+# parameter all-gather (--overlap-grad-reduce --overlap-param-gather), as its README says;
+# its 2021 runs (--fp16: fp16 gradients) all-reduce with torch's DDP during the last backward
+# (--DDP-impl torch) or after the backward (local); the others are priced as our trainers run
 # (FSDP prefetch, DDP buckets, tensor parallelism on the critical path).
 FRAMEWORKS: dict[str, dict[str, Any]] = {
-    "fsdp2": {}, "fsdp1": {}, "megatron-2021": {},
-    "megatron-2024": {"tp_overlap": 1.0, "distributed_optimizer": True}}
+    "fsdp2": {}, "fsdp1": {},
+    "megatron-2021-torch-ddp": {"grad_bytes": 2},
+    "megatron-2021-local-ddp": {"grad_bytes": 2, "overlap_grad_reduce": False},
+    "megatron-2024": {"tp_overlap": 1.0, "distributed_optimizer": True,
+                      "sequence_parallel": True}}
 QUICK: dict[str, Any] = {}
 
 
@@ -51,11 +56,13 @@ def read_rows(path: Path = TABLE) -> list[dict[str, str]]:
 
 
 def shape_of(row: dict[str, str]) -> ModelConfig:
-    """The row's model. Heads enter no FLOP or byte count: a row without them gets 1."""
+    """The row's model, with the attention it runs (``sdpa``: flash, which keeps no scores;
+    ``naive``: the scores kept for backward)."""
     llama = row["family"] == "llama"
     return ModelConfig(vocab_size=int(row["vocab"]), n_layers=int(row["layers"]),
-                       n_heads=int(row["heads"] or 1), d_model=int(row["hidden"]),
+                       n_heads=int(row["heads"]), d_model=int(row["hidden"]),
                        max_seq_len=int(row["seq_len"]), family=row["family"],
+                       attention=row["attention"],
                        n_kv_heads=int(row["kv_heads"]) if llama else 0,
                        ffn_dim=int(row["ffn"]) if llama else 0)
 
@@ -64,12 +71,19 @@ def job_of(row: dict[str, str]) -> Job:
     gpus, tp, pp = int(row["gpus"]), int(row["tp"]), int(row["pp"])
     layout = Layout(row["sharding"], dp=gpus // (tp * pp), tp=tp, pp=pp)
     return Job(shape_of(row), int(row["seq_len"]), int(row["global_batch"]), layout,
-               int(row["micro_batch"]), row["recompute"], row["schedule"] or "1f1b")
+               int(row["micro_batch"]), row["recompute"], row["schedule"] or "1f1b",
+               int(row["virtual_stages"] or 1))
 
 
 def hardware_of(row: dict[str, str]) -> Hardware:
     perf = gpu_perf(row["gpu"])
-    return Hardware(perf.peak_tflops * 1e12, perf.intra_node_gbps, perf.inter_node_gbps)
+    return Hardware(perf.peak_tflops * 1e12, perf.intra_node_gbps, perf.inter_node_gbps,
+                    hbm_gbps=perf.hbm_gbps)
+
+
+def assumptions_of(row: dict[str, str]) -> Assumptions:
+    """The projection's defaults with what the row's source states of its framework."""
+    return Assumptions(**FRAMEWORKS[row["framework"]])
 
 
 def published_flops_per_token(row: dict[str, str]) -> float:
@@ -100,19 +114,19 @@ def compare(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
     for name, members in tables.items():
         members = sorted(members, key=lambda r: int(r["gpus"]))
         base = members[0]
-        assume = Assumptions(**FRAMEWORKS[base["framework"]])
         unit = published_flops_per_token(base) if base["metric"] == "tflops_per_gpu" else 1.0
         target = float(base["published"]) * (1e12 if unit != 1.0 else 1.0) / unit
-        efficiency = calibrate(job_of(base), hardware_of(base), target, assume)
-        assume = dataclasses.replace(assume, matmul_efficiency=efficiency)
+        efficiency = calibrate(job_of(base), hardware_of(base), target, assumptions_of(base))
         out = []
         for row in members:
+            assume = dataclasses.replace(assumptions_of(row), matmul_efficiency=efficiency)
             p = project(job_of(row), hardware_of(row), assume)
             predicted = in_published_units(row, p.tokens_per_s_per_device)
             out.append({"row": row["row"], "gpus": int(row["gpus"]),
                         "published": float(row["published"]), "predicted": predicted,
                         "error": predicted / float(row["published"]) - 1, "mfu": p.mfu,
-                        "step_s": p.step_s, "bubble_s": p.bubble_s,
+                        "step_s": p.step_s, "non_matmul_s": p.non_matmul_s,
+                        "bubble_s": p.bubble_s,
                         "exposed_s": dict(p.exposed_s)})
         first, last = out[0], out[-1]
         published_change = 100 * (last["published"] / first["published"] - 1)

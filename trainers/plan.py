@@ -83,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                       help="GB/s one GPU sends inside its node, one direction (0: --gpu-type's)")
     proj.add_argument("--inter-node-gbps", type=float, default=0.0,
                       help="GB/s one GPU sends to other nodes, one direction (0: --gpu-type's)")
+    proj.add_argument("--hbm-gbps", type=float, default=0.0,
+                      help="GB/s of one GPU's memory, for the work that is not matmuls (0: "
+                           "--gpu-type's; without one, that work is not priced)")
     proj.add_argument("--link-efficiency", type=float, default=Assumptions.link_efficiency,
                       help="share of the line rate a large collective reaches")
     proj.add_argument("--collective-latency-us", type=float,
@@ -164,7 +167,8 @@ def _hardware(args: argparse.Namespace) -> Hardware | None:
         raise ConfigError("--peak-tflops without a --gpu-type of the table needs the fabric: "
                           "pass --intra-node-gbps B and --inter-node-gbps B (GB/s per GPU, one "
                           "direction)")
-    return Hardware(peak * 1e12, intra, inter, args.devices_per_node)
+    hbm = args.hbm_gbps or (perf.hbm_gbps if perf else 0.0)
+    return Hardware(peak * 1e12, intra, inter, args.devices_per_node, hbm)
 
 
 def _print_projection(job: Job, best: Projection, projection: Callable[[Job], Projection],
@@ -219,7 +223,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         if getattr(args, flag) > 1:
             raise ConfigError(f"--{flag.replace('_', '-')} is a share of the peak, at most 1, "
                               f"got {getattr(args, flag)}; pass one in (0, 1]")
-    for flag in ("peak_tflops", "intra_node_gbps", "inter_node_gbps", "collective_latency_us"):
+    for flag in ("peak_tflops", "intra_node_gbps", "inter_node_gbps", "hbm_gbps",
+                 "collective_latency_us"):
         if not 0 <= getattr(args, flag) < math.inf:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 0, got "
                               f"{getattr(args, flag)}; pass a positive one (0: --gpu-type's)")

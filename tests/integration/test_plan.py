@@ -182,6 +182,9 @@ def test_the_plan_projects_each_configuration_and_prints_a_line_a_script_reads()
     assert slow[0] < tokens
     assert _projected(_plan("--model", "7b", "--gpu-type", "h100", "--nodes", "4",
                             "--global-batch", "512", "--matmul-efficiency", "0.2"))[0] < tokens
+    # A slower memory costs the work that is not matmuls more.
+    assert _projected(_plan("--model", "7b", "--gpu-type", "h100", "--nodes", "4",
+                            "--global-batch", "512", "--hbm-gbps", "100"))[0] < tokens
 
 
 def test_the_projection_needs_a_known_peak_and_scales_on_request():

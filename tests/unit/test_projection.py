@@ -20,7 +20,7 @@ from bench.projection_check import (
 )
 from tests.support.runs import REPO
 from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.memory_formulas import Layout
+from trainers.torchfree.memory_formulas import Layout, activation_bytes
 from trainers.torchfree.projection import (
     DEFAULT_MATMUL_EFFICIENCY,
     Assumptions,
@@ -30,12 +30,13 @@ from trainers.torchfree.projection import (
     at_scale,
     calibrate,
     group_gbps,
+    non_matmul_bytes,
     project,
     recompute_factor,
     ring_all_gather_s,
     ring_reduce_scatter_s,
 )
-from trainers.torchfree.shapes import MODEL_SIZES
+from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
 
 H100 = Hardware(989.4e12, 450.0, 50.0)
 # No latency, full line rate: the bandwidth terms alone.
@@ -93,6 +94,39 @@ def test_full_recomputation_adds_a_forward_of_the_blocks():
     assert 1 < recompute_factor(shape, 8192, "selective") < recompute_factor(shape, 8192, "full")
 
 
+def test_work_that_is_not_matmuls_moves_the_saved_activations_at_hbm_bandwidth():
+    job = _job(Layout("ddp", dp=1))
+    saved = activation_bytes(job.shape, 1, 2048, "bf16-params", checkpointing=False)
+    assert non_matmul_bytes(job, IDEAL) == 4 * saved
+    full = dataclasses.replace(job, recompute="full")
+    assert non_matmul_bytes(full, IDEAL) == 5 * saved  # the recomputed forward writes again
+    hbm = dataclasses.replace(H100, hbm_gbps=3350.0)
+    p = project(job, hbm, IDEAL)
+    assert p.non_matmul_s == pytest.approx(8 * 4 * saved / 3350e9)
+    assert p.step_s == pytest.approx(project(job, H100, IDEAL).step_s + p.non_matmul_s)
+    assert project(job, H100, IDEAL).non_matmul_s == 0.0  # no HBM bandwidth: not priced
+
+
+def test_sequence_parallelism_splits_all_of_it_over_tp():
+    job = _job(Layout("ddp", dp=1, tp=8))
+    alone = non_matmul_bytes(dataclasses.replace(job, layout=Layout("ddp", dp=1)), IDEAL)
+    split = non_matmul_bytes(job, dataclasses.replace(IDEAL, sequence_parallel=True))
+    assert split == pytest.approx(alone / 8)
+    assert alone / 8 < non_matmul_bytes(job, IDEAL) < alone  # norms and residuals replicated
+
+
+def test_the_share_that_is_not_matmuls_falls_as_the_model_grows():
+    # Bytes per token grow as d, FLOPs as d^2: wider models spend less of a step on it.
+    hbm = dataclasses.replace(H100, hbm_gbps=3350.0)
+    shares = []
+    for d in (2048, 8192, 16384):
+        shape = ModelConfig(vocab_size=50304, n_layers=24, n_heads=d // 128, d_model=d,
+                            max_seq_len=4096)
+        p = project(Job(shape, 4096, 8, Layout("ddp", dp=1), 1), hbm, IDEAL)
+        shares.append(p.non_matmul_s / p.step_s)
+    assert shares == sorted(shares, reverse=True) and shares[0] > 2 * shares[-1]
+
+
 def test_ddp_hides_its_all_reduce_behind_the_last_backward_but_the_last_bucket():
     fast = project(_job(Layout("ddp", dp=8)), H100, IDEAL)
     bucket = all_reduce_s(8, 25 * 2**20, 450.0)
@@ -102,6 +136,9 @@ def test_ddp_hides_its_all_reduce_behind_the_last_backward_but_the_last_bucket()
     total = all_reduce_s(8, MODEL_SIZES["7b"].num_params() * 4, 1.0)
     backward = slow.compute_s / 8 * 2 / 3
     assert slow.exposed_s["dp all-reduce"] == pytest.approx(total - backward)
+    after = project(_job(Layout("ddp", dp=8)), slow_net,
+                    dataclasses.replace(IDEAL, overlap_grad_reduce=False))
+    assert after.exposed_s["dp all-reduce"] == pytest.approx(total)  # Megatron 2021's local DDP
 
 
 def test_fsdp_exposes_only_the_first_gather_and_the_last_reduce_scatter_when_compute_wins():
@@ -170,6 +207,11 @@ def test_published_rows_are_whole_and_sourced():
     # The figures the issue quotes, as the sources print them.
     assert published[("torchtitan", 8)] == 5762 and published[("torchtitan", 128)] == 5605
     assert [published[("llm-foundry", n)] for n in (8, 128, 512)] == [10643, 10475, 9670]
+    # Narayanan et al. 2021's configurations as the paper's scripts (run_table_1.sh) set them.
+    sc21 = [job_of(r) for r in rows if r["table"] == "megatron-a100-2021"]
+    assert [j.micro_batch for j in sc21] == [16, 16, 16, 8, 4, 2, 2, 1, 1, 1]
+    assert [j.layout.pp for j in sc21] == [1, 1, 1, 1, 2, 4, 8, 16, 35, 64]
+    assert [j.virtual_stages for j in sc21] == [1, 1, 1, 1, 1, 3, 2, 2, 3, 1]
 
 
 @pytest.fixture(scope="module")
@@ -190,11 +232,22 @@ def test_torchtitan_change_and_absolute_figures_within_the_goals(comparison):
 
 
 def test_llm_foundry_absolute_figures_within_the_goal(comparison):
-    """Its change from 8 to 512 GPUs (-9.1 points) is missed (projected about -1): see
+    """Its change from 8 to 512 GPUs (-9.1 points) is missed (projected -1.0): see
     docs/benchmarks.md; the absolute figures hold."""
     t = comparison["llm-foundry"]
     assert t["worst_absolute_error"] <= ABSOLUTE_GOAL
     assert t["published_change_points"] == pytest.approx(100 * (9670 / 10643 - 1))
+
+
+@pytest.mark.parametrize("name, change_miss, worst", [
+    ("llm-foundry", 8.2, 0.09), ("megatron-h100", 10.8, 0.30),
+    ("megatron-a100-2021", 20.8, 0.175)])
+def test_the_missed_goals_miss_by_no_more_than_documented(comparison, name, change_miss,
+                                                          worst):
+    """docs/benchmarks.md explains each miss; these bounds catch it growing."""
+    t = comparison[name]
+    assert abs(t["change_miss_points"]) <= change_miss
+    assert t["worst_absolute_error"] <= worst
 
 
 def test_every_table_is_calibrated_on_its_smallest_row(comparison):

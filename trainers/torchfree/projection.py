@@ -4,7 +4,12 @@ tokens on N devices, projected from its shape, layout, batch, GPU and fabric.
 The cost model (docs/benchmarks.md, "Projection against published tables"):
 
 - **compute**: the step's FLOPs per device (``flops_per_token``, plus the forward that
-  activation checkpointing recomputes) over ``peak x matmul_efficiency``;
+  activation checkpointing recomputes) over ``peak x matmul_efficiency``, and the work that is
+  not matmuls (norms, activations, residual adds, softmax, the loss: memory-bound) at the
+  device's HBM bandwidth: ``non_matmul_passes`` passes over the activations a block saves for
+  backward (:func:`non_matmul_bytes`). Its bytes per token grow as ``d``, the matmuls' FLOPs
+  as ``d^2``, so its share falls as models grow (part of why Megatron-LM's per-GPU throughput
+  rises with model size);
 - **collectives** by their ring costs, ``(n-1)/n x bytes / bandwidth`` for an all-gather or
   a reduce-scatter and twice that for an all-reduce, plus ``latency_s`` per ring step (an
   all-reduce takes NCCL's tree where its ``2 log2 n`` steps are fewer). A group inside one
@@ -32,28 +37,31 @@ import math
 from dataclasses import dataclass, field
 
 from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.memory_formulas import Layout
+from trainers.torchfree.memory_formulas import Layout, activation_bytes
 from trainers.torchfree.shapes import ModelConfig
 
 GB = 1e9
 RECOMPUTES = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-# The default achieved matmul efficiency: the value that makes the projection reproduce
+# The default achieved matmul efficiency (the matmuls' own: the work that is not matmuls is
+# priced at the HBM bandwidth beside them): the value that makes the projection reproduce
 # torchtitan's Llama 3.1 8B FSDP row on 8 H100s (bench/published_scaling.csv; recomputed by
 # tests/unit/test_projection.py). Measure yours on 1-2 devices and pass it instead.
-DEFAULT_MATMUL_EFFICIENCY = 0.365
+DEFAULT_MATMUL_EFFICIENCY = 0.387
 
 
 @dataclass(frozen=True)
 class Hardware:
     """One GPU type and its fabric: ``peak_flops`` dense bf16 FLOP/s per device, GB/s per
     device one direction inside a node (``intra_node_gbps``) and to other nodes
-    (``inter_node_gbps``), ``devices_per_node``."""
+    (``inter_node_gbps``), ``devices_per_node``, and GB/s of its HBM (``hbm_gbps``; 0: the
+    work that is not matmuls is not priced)."""
 
     peak_flops: float
     intra_node_gbps: float
     inter_node_gbps: float
     devices_per_node: int = 8
+    hbm_gbps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,13 @@ class Assumptions:
     trainers' reduce dtype); ``distributed_optimizer``: data parallelism as Megatron-LM's
     distributed optimizer with ``--overlap-grad-reduce --overlap-param-gather`` (gradients
     reduce-scattered during the last backward, parameters all-gathered during the next
-    forward) instead of DDP's all-reduce (False: our trainers).
+    forward) instead of DDP's all-reduce (False: our trainers); ``overlap_grad_reduce``: DDP
+    reduces during the last backward (True: our trainers, torch's DDP) or after it (False:
+    Megatron-LM 2021's ``--DDP-impl local``); ``non_matmul_passes``: HBM passes over the
+    activations a block saves (:func:`non_matmul_bytes`; 4: written in the forward, read in the
+    backward, their gradients written and read); ``sequence_parallel``: the norms, dropout and
+    residual adds split over the tensor-parallel group as the matmuls are (Megatron-LM's
+    ``--sequence-parallel``; False: our trainers, which replicate them).
     """
 
     matmul_efficiency: float = DEFAULT_MATMUL_EFFICIENCY
@@ -81,6 +95,9 @@ class Assumptions:
     param_bytes: int = 2
     grad_bytes: int = 4
     distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = True
+    non_matmul_passes: float = 4.0
+    sequence_parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,8 +128,9 @@ class Job:
 
 @dataclass(frozen=True)
 class Projection:
-    """One step on ``devices`` devices: its time, what makes it up (seconds per step), and the
-    figures a plan compares."""
+    """One step on ``devices`` devices: its time, what makes it up (seconds per step: compute,
+    of which ``non_matmul_s`` is the work that is not matmuls, the bubble, the exposed
+    communication), and the figures a plan compares."""
 
     devices: int
     step_s: float
@@ -121,6 +139,7 @@ class Projection:
     exposed_s: dict[str, float] = field(default_factory=dict)
     tokens_per_s_per_device: float = 0.0
     mfu: float = 0.0
+    non_matmul_s: float = 0.0
 
     @property
     def device_hours_per_billion_tokens(self) -> float:
@@ -180,6 +199,25 @@ def recompute_factor(shape: ModelConfig, seq: int, recompute: str) -> float:
     raise ConfigError(f"recompute {recompute!r} is not one of {', '.join(RECOMPUTES)}; pick one")
 
 
+def non_matmul_passes(job: Job, assume: Assumptions) -> float:
+    """HBM passes over the saved activations per micro-batch: ``non_matmul_passes``, one more
+    for a full recomputation (its forward writes them again)."""
+    return assume.non_matmul_passes + (job.recompute == "full")
+
+
+def non_matmul_bytes(job: Job, assume: Assumptions) -> float:
+    """HBM bytes one device moves per micro-batch for the work that is not matmuls: the
+    activations its blocks and the output side (final norm, log-probabilities of the loss;
+    with a pipeline, the last stage's) save for backward in a 16-bit model
+    (:func:`activation_bytes`, tensor by tensor; the attention's scores too when
+    ``shape.attention`` keeps them), times :func:`non_matmul_passes`. Tensor parallelism splits
+    what its regions split, everything with ``sequence_parallel``."""
+    tp, sp = job.layout.tp, assume.sequence_parallel
+    saved = activation_bytes(job.shape, job.micro_batch, job.seq, "bf16-params",
+                             checkpointing=False, tp=1 if sp else tp, pp=job.layout.pp)
+    return saved / (tp if sp else 1) * non_matmul_passes(job, assume)
+
+
 def check_job(job: Job) -> None:
     """ConfigError (one line naming the fix) for a job the projection cannot price."""
     lay = job.layout
@@ -204,10 +242,13 @@ def project(job: Job, hw: Hardware, assume: Assumptions = Assumptions()) -> Proj
     tokens_micro = job.micro_batch * job.seq
     m = job.micro_batches
     flops_rate = hw.peak_flops * a.matmul_efficiency
-    # One micro-batch on one device: its forward, and its backward with any recomputation.
+    # One micro-batch on one device: its forward, and its backward with any recomputation;
+    # the work that is not matmuls at the HBM bandwidth, one of its passes in the forward.
+    memory_s = non_matmul_bytes(job, a) / (hw.hbm_gbps * GB) if hw.hbm_gbps else 0.0
     micro_s = fpt * tokens_micro * recompute_factor(shape, job.seq, job.recompute) / (
-        lay.tp * lay.pp) / flops_rate
-    forward_s = fpt * tokens_micro / 3 / (lay.tp * lay.pp) / flops_rate
+        lay.tp * lay.pp) / flops_rate + memory_s
+    forward_s = (fpt * tokens_micro / 3 / (lay.tp * lay.pp) / flops_rate
+                 + memory_s / non_matmul_passes(job, a))
     backward_s = micro_s - forward_s
     layers = shape.n_layers // lay.pp
     exposed: dict[str, float] = {}
@@ -237,7 +278,8 @@ def project(job: Job, hw: Hardware, assume: Assumptions = Assumptions()) -> Proj
         elif lay.sharding == "ddp":
             total = all_reduce_s(lay.dp, grads, gbps, a.latency_s)
             last = all_reduce_s(lay.dp, min(a.ddp_bucket_bytes, grads), gbps, a.latency_s)
-            exposed["dp all-reduce"] = max(total - backward_s, last)
+            exposed["dp all-reduce"] = (max(total - backward_s, last) if a.overlap_grad_reduce
+                                        else total)
         else:
             block = shape.block_matmul_params() / lay.tp + shape.block_norm_params()
             root = max(params - layers * block, 0.0)
@@ -271,7 +313,7 @@ def project(job: Job, hw: Hardware, assume: Assumptions = Assumptions()) -> Proj
     step_s = compute_s + bubble_s + sum(exposed.values())
     tokens_per_device = job.global_batch * job.seq / job.devices / step_s
     return Projection(job.devices, step_s, compute_s, bubble_s, exposed, tokens_per_device,
-                      tokens_per_device * fpt / hw.peak_flops)
+                      tokens_per_device * fpt / hw.peak_flops, m * memory_s)
 
 
 SCALES = (8, 16, 32, 64, 128, 256, 512, 1024)

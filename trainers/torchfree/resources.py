@@ -38,32 +38,38 @@ class GpuPerf:
     ``intra_node_gbps``: GB/s one GPU sends to the others of its node, one direction (NVLink or
     Infinity Fabric). ``inter_node_gbps``: GB/s one GPU sends to other nodes, one direction (its
     share of the node's InfiniBand/RoCE NICs, one NIC per GPU in the systems named). Line rates:
-    what a collective achieves of them is the projection's ``link_efficiency``.
+    what a collective achieves of them is the projection's ``link_efficiency``. ``hbm_gbps``:
+    GB/s of the device's own memory (HBM), the vendor's figure; the projection prices the work
+    that is not matmuls (norms, activations, residual adds, softmax, loss) at it.
     """
 
     peak_tflops: float
     intra_node_gbps: float
     inter_node_gbps: float
+    hbm_gbps: float
 
 
 # The GPUs whose peak and fabric the projection knows (`trainers.plan --gpu-type`); any other
 # GPU takes --peak-tflops, --intra-node-gbps and --inter-node-gbps. Sources:
 # - a100-*: NVIDIA A100 datasheet (bf16 312 TFLOP/s dense; NVLink 3 600 GB/s per GPU, both
-#   directions); DGX A100: 8 x 200 Gb/s HDR InfiniBand for 8 GPUs (25 GB/s per GPU).
+#   directions; HBM2 1,555 GB/s for the 40GB SXM, HBM2e 2,039 GB/s for the 80GB SXM); DGX
+#   A100: 8 x 200 Gb/s HDR InfiniBand for 8 GPUs (25 GB/s per GPU).
 # - h100, h200: NVIDIA H100 / H200 SXM datasheets (bf16 1,979 TFLOP/s with sparsity, 989.4
-#   dense; NVLink 4 900 GB/s both directions); DGX H100/H200: 8 x 400 Gb/s ConnectX-7 for 8
-#   GPUs (50 GB/s per GPU).
+#   dense; NVLink 4 900 GB/s both directions; HBM3 3.35 TB/s, H200's HBM3e 4.8 TB/s); DGX
+#   H100/H200: 8 x 400 Gb/s ConnectX-7 for 8 GPUs (50 GB/s per GPU).
 # - b200: NVIDIA DGX B200 datasheet (72 PFLOP/s FP8 training with sparsity on 8 GPUs: 2.25
-#   PFLOP/s dense bf16 per GPU; NVLink 5 1.8 TB/s both directions; 8 x 400 Gb/s ConnectX-7).
+#   PFLOP/s dense bf16 per GPU; NVLink 5 1.8 TB/s both directions; 64 TB/s HBM3e on 8 GPUs:
+#   8 TB/s each; 8 x 400 Gb/s ConnectX-7).
 # - mi300x: AMD Instinct MI300X datasheet (bf16 1,307.4 TFLOP/s dense; 896 GB/s Infinity Fabric
-#   peer bandwidth both directions); 400 Gb/s NIC per GPU as in the 8-GPU platforms.
+#   peer bandwidth both directions; HBM3 5.3 TB/s); 400 Gb/s NIC per GPU as in the 8-GPU
+#   platforms.
 GPU_PERF: dict[str, GpuPerf] = {
-    "a100-40gb": GpuPerf(312.0, 300.0, 25.0),
-    "a100-80gb": GpuPerf(312.0, 300.0, 25.0),
-    "h100": GpuPerf(989.4, 450.0, 50.0),
-    "h200": GpuPerf(989.4, 450.0, 50.0),
-    "b200": GpuPerf(2250.0, 900.0, 50.0),
-    "mi300x": GpuPerf(1307.4, 448.0, 50.0),
+    "a100-40gb": GpuPerf(312.0, 300.0, 25.0, 1555.0),
+    "a100-80gb": GpuPerf(312.0, 300.0, 25.0, 2039.0),
+    "h100": GpuPerf(989.4, 450.0, 50.0, 3350.0),
+    "h200": GpuPerf(989.4, 450.0, 50.0, 4800.0),
+    "b200": GpuPerf(2250.0, 900.0, 50.0, 8000.0),
+    "mi300x": GpuPerf(1307.4, 448.0, 50.0, 5300.0),
 }
 
 
