@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -71,20 +72,25 @@ def launch_command(opts: Options, size: Size, args: Sequence[str]) -> list[str]:
 
 
 def launch(opts: Options, size: Size, args: Sequence[str], cpu: bool) -> None:
-    """Run ``size``; its output goes to ``<run>/launch.log``. ConfigError with the log's tail
-    when it fails."""
+    """Run ``size``; this node's output goes to ``<run>/launch-node<rank>.log``. ConfigError
+    when it fails, after printing the log's last lines."""
     command = launch_command(opts, size, args)
     env = dict(os.environ)
     if cpu:
         env.setdefault("OMP_NUM_THREADS", "1")
     print(f"{PROG}: {size.name}: {' '.join(command[1:])}", flush=True)
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    run_dir = location(opts.output_dir) / size.dirname
-    write_bytes_atomic(run_dir / "launch.log", (done.stdout + done.stderr).encode())
-    if done.returncode:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise ConfigError(f"the {size.name} run failed (exit {done.returncode}; log "
-                          f"{run_dir / 'launch.log'}):\n{tail}")
+    log = location(opts.output_dir) / size.dirname / f"launch-node{opts.node_rank}.log"
+    with tempfile.TemporaryFile() as output:
+        status = subprocess.run(command, env=env, stdout=output,
+                                stderr=subprocess.STDOUT).returncode
+        output.seek(0)
+        text = output.read()
+    write_bytes_atomic(log, text)
+    if status:
+        tail = text.decode(errors="replace").strip().splitlines()[-15:]
+        print("\n".join(tail), file=sys.stderr)
+        raise ConfigError(f"the {size.name} run failed (exit {status}); its log is {log} "
+                          "(the last lines above)")
 
 
 def read_phase(opts: Options, size: Size, tokens_per_replica: int, wait_s: float) -> Phase:
@@ -96,8 +102,8 @@ def read_phase(opts: Options, size: Size, tokens_per_replica: int, wait_s: float
     deadline = time.monotonic() + wait_s
     while not profile_file.is_file():
         if time.monotonic() > deadline:
-            raise ConfigError(f"the {size.name} run wrote no {profile_file}; see "
-                              f"{run_dir / 'launch.log'}")
+            raise ConfigError(f"the {size.name} run wrote no {profile_file}; see the "
+                              f"launch logs in {run_dir}")
         time.sleep(1.0)
     profile = json.loads(profile_file.read_text())
     first_profiled = profile["steps"][0]

@@ -59,7 +59,7 @@ def test_one_and_two_processes_are_measured_and_split_into_their_parts(tmp_path)
         assert profile["steps"] == [7, 8] and len(profile["ranks"]) == int(run[-1])
         trace = json.loads((out / run / "profile-trace.json").read_text())
         assert any(e.get("name", "").startswith("ProfilerStep") for e in trace["traceEvents"])
-        assert "step 8/8" in (out / run / "launch.log").read_text()
+        assert "step 8/8" in (out / run / "launch-node0.log").read_text()
 
 
 def test_the_component_measures_two_nodes_under_local_cwd(tmp_path):
@@ -106,3 +106,17 @@ def test_the_job_runs_the_measurement_on_every_node():
     assert command.startswith("python -m trainers.scaling --trainer ddp --nproc 2 --nodes 2 "
                               "--node-rank '${replica_id}' --run-id '${app_id}' --steps 12")
     assert "--rdzv-endpoint $${${rank0_env}:=localhost}:29511 -- --model tiny" in command
+
+
+def test_a_run_that_fails_ends_the_measurement_with_its_log(tmp_path):
+    out = tmp_path / "scaling"
+    env = {**child_env(), "TRAINERS_KILL_AT": "1:3"}  # rank 1 exists in the 2-process run only
+    proc = subprocess.run([sys.executable, "-m", "trainers.scaling", *STEPS, "--output-dir",
+                           str(out), "--", *TRAINER], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"trainers.scaling: error: the 2 processes run failed (exit 1); its log is "
+        f"{out}/nproc2/launch-node0.log (the last lines above)")
+    assert "Signal 9 (SIGKILL)" in (out / "nproc2" / "launch-node0.log").read_text()
+    assert not (out / "scaling.json").exists()
