@@ -50,7 +50,7 @@ from trainers.torchfree.scaling_runs import (
     check_runs,
 )
 from trainers.torchfree.step_breakdown import breakdown_of
-from trainers.torchfree.storage import location, write_bytes_atomic
+from trainers.torchfree.storage import location, remove, write_bytes_atomic
 from trainers.torchfree.train_config import TrainConfig
 
 # How long node 0 waits for a multi-node run's rank 0, which may sit on another node, to
@@ -116,6 +116,20 @@ def read_phase(opts: Options, size: Size, tokens_per_replica: int, wait_s: float
                  breakdown_of(profile["mean"]), tokens_per_replica)
 
 
+def clear_earlier(opts: Options, runs: Sequence[Size]) -> None:
+    """Remove an earlier measurement's run directories (node 0, before anything runs), so
+    that no figure of it is read as this one's; ConfigError when such a directory exists but
+    no measurement wrote it (it holds no ``launch-node*.log``)."""
+    for size in runs:
+        run_dir = location(opts.output_dir) / size.dirname
+        if not run_dir.exists():
+            continue
+        if not any(p.name.startswith("launch-node") for p in run_dir.iterdir()):
+            raise ConfigError(f"{run_dir} exists and holds no {PROG} run; pass another "
+                              "--output-dir")
+        remove(run_dir)
+
+
 def duplicated_sequences(cfg: TrainConfig, dp_size: int) -> tuple[int, int]:
     """How many of the sequences the ``dp_size`` replicas read in the first step repeat
     another's, of how many: the trainers' own data stream (:class:`BatchStream`), built
@@ -179,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
         largest = max(runs, key=lambda s: s.world)
         per_replica = cfg.batch_size // cfg.dp_size(largest.world) * cfg.seq_len
+        if opts.node_rank == 0:
+            clear_earlier(opts, list(runs))
         phases = {}
         for size, args in runs.items():
             if opts.node_rank != 0 and size.nodes == 1:

@@ -64,6 +64,10 @@ def test_one_and_two_processes_are_measured_and_split_into_their_parts(tmp_path)
 
 def test_the_component_measures_two_nodes_under_local_cwd(tmp_path):
     out = tmp_path / "scaling"
+    stale = out / "nodes2x1"  # an earlier measurement's run: removed before this one runs
+    stale.mkdir(parents=True)
+    (stale / "launch-node0.log").write_text("earlier\n")
+    (stale / "profile.json").write_text("{}")
     proc = torchx_cli("run", "-s", "local_cwd", "--wait", "--log", "scaling", "-j", "2x1",
                       *[a.replace("--profile-steps", "--profile_steps") for a in STEPS],
                       "--output_dir", str(out), "--", *TRAINER)
@@ -120,3 +124,16 @@ def test_a_run_that_fails_ends_the_measurement_with_its_log(tmp_path):
         f"{out}/nproc2/launch-node0.log (the last lines above)")
     assert "Signal 9 (SIGKILL)" in (out / "nproc2" / "launch-node0.log").read_text()
     assert not (out / "scaling.json").exists()
+
+
+def test_a_directory_no_measurement_wrote_is_kept(tmp_path):
+    mine = tmp_path / "scaling" / "nproc1"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine\n")
+    proc = subprocess.run([sys.executable, "-m", "trainers.scaling", *STEPS, "--output-dir",
+                           str(tmp_path / "scaling"), "--", *TRAINER], cwd=REPO,
+                          env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"trainers.scaling: error: {mine} exists and holds no "
+                           "trainers.scaling run; pass another --output-dir\n")
+    assert (mine / "notes.txt").read_text() == "mine\n"
