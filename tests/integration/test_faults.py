@@ -23,8 +23,9 @@ STEPS = ["--steps", "10", "--checkpoint-every", "4", "--resume", "auto"]
 
 
 def run_component(component: str, run_dir: Path, extra: list[str], *options: str) -> str:
-    """``torchx run -s local_cwd`` of ``component`` on 1x2; returns its stderr."""
-    args = without(TINY, "--steps", "--resume")
+    """``torchx run -s local_cwd`` of ``component`` on 1x2 (``extra`` replaces the options it
+    sets); returns its stderr."""
+    args = without(TINY, "--steps", "--resume", *(a for a in extra if a.startswith("--")))
     proc = torchx_cli("run", "-s", "local_cwd", f"components/{component}.py:{component}",
                       "-j", "1x2", *options, "--", *args, *STEPS, *extra,
                       "--output-dir", str(run_dir))
