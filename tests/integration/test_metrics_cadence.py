@@ -121,3 +121,24 @@ def test_the_loop_reads_no_tensor_between_flushes(tmp_path, monkeypatch):
     assert sorted({step for step, _, _ in reads}) == [1, 4, 8], reads
     assert reductions == [1, 4, 8]
     assert summary["final_loss"] == losses(tmp_path)[8]
+
+
+@pytest.mark.parametrize("grads, max_norm, expected_norm, expected", [
+    ([[3.0, 4.0]], 1.0, 5.0, [[0.6, 0.8]]),  # clipped: scaled by 1 / (5 + 1e-6)
+    ([[0.3, 0.4]], 1.0, 0.5, [[0.3, 0.4]]),  # under max_norm: unchanged
+    ([[3.0, 4.0]], 0.0, 5.0, [[3.0, 4.0]]),  # 0: measure only
+    ([[float("nan"), 1.0], [2.0, 0.0]], 1.0, float("nan"), [[float("nan"), 1.0], [2.0, 0.0]]),
+    ([[float("inf"), 1.0], [2.0, 0.0]], 1.0, float("inf"), [[float("nan"), 0.0], [0.0, 0.0]]),
+], ids=["clipped", "under", "measure-only", "nan", "inf"])
+def test_clipping_on_the_device_keeps_the_host_rule(grads, max_norm, expected_norm, expected):
+    """Strategy.clip_grads returns the norm as a tensor and scales only above max_norm, as the
+    host comparison did: a NaN norm leaves the gradients as they are, an infinite one scales
+    them by 0 (the infinite entry becomes NaN)."""
+    model = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(len(g))) for g in grads)
+    for param, grad in zip(model, grads, strict=True):
+        param.grad = torch.tensor(grad)
+    norm = Strategy(model, dp_rank=0, dp_size=1).clip_grads(max_norm)
+    assert isinstance(norm, torch.Tensor) and norm.dim() == 0
+    torch.testing.assert_close(norm, torch.tensor(expected_norm), equal_nan=True)
+    for param, want in zip(model, expected, strict=True):
+        torch.testing.assert_close(param.grad, torch.tensor(want), equal_nan=True)
