@@ -1,10 +1,12 @@
-"""Throughput, MFU (fp32, bf16, compiled), scaling, loop overhead, launch cost and the loss's
-memory: every performance target in one run (docs/benchmarks.md).
+"""Throughput, MFU (fp32, bf16, compiled), scaling, loop overhead, what deferring the host's
+reads of the metrics to log steps gains, launch cost and the loss's memory: every performance
+target in one run (docs/benchmarks.md).
 
-One module of about 310 lines on purpose: the plan, its runs and the report that checks them
+One module of about 370 lines on purpose: the plan, its runs and the report that checks them
 share the ``Plan`` and ``Variant`` types and are read together, top to bottom; the parts other
 benchmarks share live in :mod:`bench.harness`."""
 
+import dataclasses
 import importlib
 import json
 import re
@@ -20,8 +22,9 @@ import torch
 from bench import harness
 from bench.harness import THREADS, WORKER, BenchError, median, trainer_args
 from bench.peak import measure_peak
-from trainers.core.metrics import MetricsWriter, bf16_matmul_hardware
+from trainers.core.metrics import bf16_matmul_hardware
 from trainers.torchfree.shapes import MODEL_SIZES
+from trainers.torchfree.train_config import TrainConfig
 
 FIRST_STEP = re.compile(r"\bstep\s+1/\d+")  # rank 0's line after step 1: "step 1/N | loss ..."
 
@@ -42,11 +45,16 @@ class Variant:
         return "--dtype" in flags and flags[flags.index("--dtype") + 1] == "bf16"
 
 
-# "minimal" is bench/minimal_loop.py; the rest are our trainers, one thread per rank.
+# The trainers' --log-every: the loop's host reads the metrics at log steps (and a few others).
+LOG_EVERY = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "log_every")
+# "minimal" is bench/minimal_loop.py; the rest are our trainers, one thread per rank. The
+# "_log1" kinds reproduce the cadence before metrics were deferred: a host read every step.
 VARIANTS = {
     "ours": Variant("ddp", 1),
+    "ours_log1": Variant("ddp", 1, ("--log-every", "1")),
     "compiled": Variant("ddp", 1, ("--compile",)),
     "ddp2": Variant("ddp", 2),
+    "ddp2_log1": Variant("ddp", 2, ("--log-every", "1")),
     "ddp2_bf16_reduce": Variant("ddp", 2, ("--grad-reduce-dtype", "bf16")),
     "fsdp2": Variant("fsdp", 2),
     "bf16": Variant("ddp", 1, ("--dtype", "bf16")),
@@ -86,17 +94,21 @@ def iterations(stamps: Sequence[float], warmup: int, first_step: int) -> list[fl
 
 
 def worker(prefix: str, argv: Sequence[str]) -> None:
-    """``trainers.<argv[0]>.main(argv[1:])`` with a ``time.perf_counter()`` stamp at the top of
-    every ``MetricsWriter.write`` (once per step, after its work), written to ``prefix`` by
-    rank."""
+    """``trainers.<argv[0]>.main(argv[1:])`` with a ``time.perf_counter()`` stamp at the end of
+    every ``trainers.core.loop.train_step`` (once per step, after its work; what the loop does
+    between steps, its flushes of the metrics included, falls between two stamps), written to
+    ``prefix`` by rank."""
+    from trainers.core import loop
+
     stamps: list[float] = []
-    write = MetricsWriter.write
+    train_step = loop.train_step
 
-    def timed_write(self: MetricsWriter, step: int, metrics: dict[str, Any]) -> None:
+    def timed_step(*args: Any, **kwargs: Any) -> Any:
+        metrics = train_step(*args, **kwargs)
         stamps.append(time.perf_counter())
-        write(self, step, metrics)
+        return metrics
 
-    MetricsWriter.write = timed_write  # type: ignore[method-assign]  # this process only
+    loop.train_step = timed_step  # this process only
     try:
         importlib.import_module(f"trainers.{argv[0]}").main(list(argv[1:]))
     finally:
@@ -222,6 +234,26 @@ def summarize(plan: Plan, peaks: dict[str, float], peak: dict, runs: dict, launc
                 "measured_steps": len(pooled),
                 **({"compile_time_s": median(compile_s)} if compile_s else {})}
 
+    def window(kind: str) -> dict[str, Any]:
+        """tokens/s over the measured iterations' summed time: the interval average that holds
+        the flush steps' waits too (a median of steps leaves them out)."""
+        nproc, times = runs[kind][0]["nproc"], [run["iteration_s"] for run in runs[kind]]
+        mean_s = sum(map(sum, times)) / sum(map(len, times))
+        return {"mean_step_s": mean_s,
+                "tokens_per_s": plan.micro_batch * nproc * cfg.max_seq_len / mean_s,
+                "per_round_mean_step_s": [sum(t) / len(t) for t in times]}
+
+    def deferral(kind: str) -> dict[str, Any]:
+        """``kind`` (host reads at log steps) against ``kind``_log1 (a read every step), same
+        rounds: the tokens/s ratio over all rounds and per round."""
+        deferred, every = window(kind), window(f"{kind}_log1")
+        return {"tokens_per_s": deferred["tokens_per_s"],
+                "tokens_per_s_log_every_1": every["tokens_per_s"],
+                "ratio": deferred["tokens_per_s"] / every["tokens_per_s"],
+                "per_round_ratio": [b / a for a, b in zip(deferred["per_round_mean_step_s"],
+                                                          every["per_round_mean_step_s"],
+                                                          strict=True)]}
+
     first = {name: median([r["first_step_s"] for r in launches[name]]) for name in LAUNCHERS}
     res: dict[str, Any] = {
         "model": plan.model, "params": cfg.num_params(), "seq_len": cfg.max_seq_len,
@@ -237,6 +269,8 @@ def summarize(plan: Plan, peaks: dict[str, float], peak: dict, runs: dict, launc
         "launch_first_step_s": first, "launch_ratio": first["torchx"] / first["torchrun"],
         "launch_ratio_same_flags": first["torchx"] / first["torchrun_c10d"],
         "loss_memory": {k: v["peak_delta_bytes"] for k, v in loss.items()}}
+    res["host_sync_at_log_steps"] = {"log_every": LOG_EVERY, "single": deferral("ours"),
+                                     "ddp2": deferral("ddp2")}
     res["fsdp_over_ddp"] = res["fsdp2"]["tokens_per_s"] / res["ddp2"]["tokens_per_s"]
     res["compile_speedup"] = res["ours"]["median_step_s"] / res["compiled"]["median_step_s"]
     res["single"] = res["ours"]  # the name the trainer-reported figures and older results use
@@ -286,11 +320,13 @@ def table(report: dict[str, Any]) -> str:
          "n/a" if t["pass"] is None else "pass" if t["pass"] else "MISS")
         for t in res["targets"])]
     names = {"ours": "our loop, 1 proc, fp32", "minimal": "minimal loop, 1 proc, fp32",
+             "ours_log1": "our loop, 1 proc, fp32, --log-every 1",
              "compiled": "our loop, 1 proc, fp32, --compile", "ddp2": "DDP, 2 ranks, fp32",
+             "ddp2_log1": "DDP, 2 ranks, fp32, --log-every 1",
              "ddp2_bf16_reduce": "DDP, 2 ranks, fp32, --grad-reduce-dtype bf16",
              "fsdp2": "FSDP, 2 ranks, fp32", "bf16": "our loop, 1 proc, bf16",
              "bf16_compiled": "our loop, 1 proc, bf16, --compile"}
-    memory = res["loss_memory"]
+    memory, sync = res["loss_memory"], res["host_sync_at_log_steps"]
     bf16_peak = (f"{res['bf16_peak_flops_per_thread'] / 1e9:.1f} GFLOP/s on "
                  f"{res['bf16_hardware']}" if res["bf16_hardware"] else no_bf16)
     info = [("figure", "value"),
@@ -301,6 +337,10 @@ def table(report: dict[str, Any]) -> str:
              f"{res['matmul_two_process_ratio']:.3f} (hardware ceiling for scaling)"),
             *((names[kind], loop(kind)) for kind in names if kind in res),
             ("compiled / eager speed, fp32", f"{res['compile_speedup']:.3f}"),
+            (f"host syncs only at log steps: tokens/s ratio (--log-every {sync['log_every']} / 1)",
+             ", ".join(f"{label} {sync[key]['ratio']:.3f} (rounds " + " ".join(
+                 f"{r:.3f}" for r in sync[key]["per_round_ratio"]) + ")"
+                 for key, label in (("single", "1 proc"), ("ddp2", "DDP 2 ranks")))),
             ("overhead by trainer's own step_time_s",
              fmt(res["loop_overhead_trainer_reported"], percent=True)),
             ("scaling by trainer's own step_time_s",

@@ -23,8 +23,9 @@ STEPS = ["--steps", "10", "--checkpoint-every", "4", "--resume", "auto"]
 
 
 def run_component(component: str, run_dir: Path, extra: list[str], *options: str) -> str:
-    """``torchx run -s local_cwd`` of ``component`` on 1x2; returns its stderr."""
-    args = without(TINY, "--steps", "--resume")
+    """``torchx run -s local_cwd`` of ``component`` on 1x2 (``extra`` replaces the options it
+    sets); returns its stderr."""
+    args = without(TINY, "--steps", "--resume", *(a for a in extra if a.startswith("--")))
     proc = torchx_cli("run", "-s", "local_cwd", f"components/{component}.py:{component}",
                       "-j", "1x2", *options, "--", *args, *STEPS, *extra,
                       "--output-dir", str(run_dir))
@@ -52,7 +53,10 @@ def ddp_reference(tmp_path_factory) -> Path:
 def test_crash_mid_save_leaves_the_previous_checkpoint_and_resumes_from_it(
         tmp_path, ddp_reference, kill, extra, lost):
     """The restart finds step 8 unfinished, resumes from step 4 and ends equal to the
-    uninterrupted run."""
+    uninterrupted run. At --log-every 5 the steps up to the kill reach metrics.jsonl by the
+    loop's flushes before a kill point and a checkpoint's commit (the reference logs every
+    step), so ``steps_lost`` counts them all."""
+    extra = [*extra, "--log-every", "5"]
     stderr = run_component("ddp", tmp_path / "faulted", extra, "--max_retries", "1",
                            "--env", f"TRAINERS_KILL_AT={kill}")
     rank, step, *_ = kill.split(":")

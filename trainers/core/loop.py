@@ -7,9 +7,27 @@ and cosine decay, autocast, evaluation, checkpoints, metrics and the summary.
 :func:`train` reads top to bottom: :func:`start_run` builds the run (data, optimizer,
 checkpointer, resume, metrics) into a :class:`Run` and its :class:`RunState`; each step is
 :func:`train_step`, :func:`log_step`, :func:`save_step` and the caller's hook, until the last
-step or an agreed preemption; :func:`finish` writes the summary. Metrics reach the host every
-step (the loss and gradient norm: ``metrics.jsonl`` holds every step); the console line is
-printed at log steps.
+step or an agreed preemption; :func:`finish` writes the summary.
+
+The host waits for the device only at flush points, as nanoGPT reads its loss only when it
+logs: a step leaves its loss and gradient norm on the device (clipping too stays there:
+:meth:`~trainers.core.strategy.Strategy.clip_grads`) in a :class:`PendingStep`, and
+:func:`flush` brings every pending step's figures to the host together: their losses averaged
+over the data-parallel replicas in one all-reduce, read with the gradient norms in one host
+read. The loop flushes at log steps (``--log-every``), the attempt's first and last step,
+evaluation steps, the steps that save or commit a checkpoint (periodic, final, preemption) and
+a fault-injection kill point's step, so ``metrics.jsonl`` (and the trackers) still get every
+step, in order, with the figures an immediate read gives, and a checkpoint never holds a step
+that ``metrics.jsonl`` lacks. ``--log-every 1`` flushes every step (the cadence before).
+What a crash (not an injected fault) loses is the unflushed steps' lines: ``steps_lost`` of the
+resumed run then counts the steps redone up to the last flush.
+
+Step time, tokens/s and MFU stay per step as the host's timer measures them, and a flush adds
+its own time (the losses' all-reduce, the wait for the device) to the step that flushes. On
+the CPU a step's time is its work, as before. On a GPU (asynchronous) a step's host time is
+the time its work took to queue, so a single step's figures mean little: their average over
+the steps between two flushes, whose last step waits for the device, is the device's speed
+(the summary's tokens/s averages over all the steps after three, ending at a flush).
 """
 
 from __future__ import annotations
@@ -37,7 +55,15 @@ from trainers.core.metrics import (
 )
 from trainers.core.preemption import Notice, PreemptionWatch
 from trainers.core.profiling import StepProfiler
-from trainers.core.run_state import Run, RunFacts, RunState, Throughput, resume_notes, summarize
+from trainers.core.run_state import (
+    PendingStep,
+    Run,
+    RunFacts,
+    RunState,
+    Throughput,
+    resume_notes,
+    summarize,
+)
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec
 from trainers.models.lora import check_resumable
@@ -78,9 +104,13 @@ def lr_factor(step: int, cfg: TrainConfig, schedule_steps: int) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-# Called on every rank after each step with (step, metrics, the checkpoint committed at that
-# step or None: an asynchronous save commits at a later step than its own); a launcher's
-# metrics sink, e.g. ray.train.report. Every rank calls it equally often.
+# Called on every rank for every step, in order, with (step, metrics, the checkpoint committed
+# at that step or None: an asynchronous save commits at a later step than its own); a
+# launcher's metrics sink, e.g. ray.train.report. The calls come at the loop's flush points
+# (module docstring), at the end of the flushing step, after its checkpoint, if any: one for
+# each step since the previous flush, that step last (a step that commits a checkpoint always
+# flushes, so only the last call can carry one). Every rank calls it equally often, at the
+# same steps.
 StepHook = Callable[[int, dict[str, float], RunPath | None], None]
 
 
@@ -89,8 +119,8 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
     """Run ``cfg.steps`` optimizer steps of ``strategy``'s model, built from ``spec`` (resuming
     if asked); return the summary (all ranks).
 
-    ``on_step`` (optional) receives every step's metrics on every rank after the step and its
-    checkpoint, if any, are done, with the checkpoint directory committed at that step, if any.
+    ``on_step`` (optional) receives every step's metrics on every rank, in order, at the flush
+    points (:data:`StepHook`), with the checkpoint directory committed at that step, if any.
     Periodic checkpoints are written in the background (``--async-checkpoint``) during the
     next step and committed after it; the final and the preemption checkpoint are synchronous
     and commit the save still in flight, if any, first.
@@ -113,8 +143,10 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
             saved = save_step(run, state, step)
             if saved is not None:
                 run.writer.sync()
+            flushed, state.flushed = state.flushed, []
             if on_step is not None:
-                on_step(step, metrics, saved)
+                for done, done_metrics in flushed:
+                    on_step(done, done_metrics, saved if done == step else None)
             if state.preempted is not None:
                 run.writer.print(f"preempted by {state.preempted.name} after step {step}: saved "
                                  f"{saved}; exiting {exit_status(state.preempted)} for the "
@@ -169,9 +201,9 @@ def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     return run, RunState(facts=facts, start_step=progress.step, wall_start=time.perf_counter())
 
 
-def train_step(run: Run, step: int, schedule_steps: int) -> dict[str, float]:
-    """Optimizer step ``step`` (of an LR schedule of ``schedule_steps``): its metrics, with
-    the eval loss at evaluation steps."""
+def train_step(run: Run, step: int, schedule_steps: int) -> PendingStep:
+    """Optimizer step ``step`` (of an LR schedule of ``schedule_steps``), with an evaluation at
+    evaluation steps: its metrics, those the device computed left there (no host read)."""
     cfg, strategy, optimizer = run.cfg, run.strategy, run.optimizer
     step_start = time.perf_counter()
     data_time = 0.0
@@ -183,28 +215,71 @@ def train_step(run: Run, step: int, schedule_steps: int) -> dict[str, float]:
         micro_batches.append(tuple(t.to(run.env.device, non_blocking=True) for t in batch))
     optimizer.zero_grad(set_to_none=True)
     loss = strategy.forward_backward(micro_batches, run.autocast)
-    grad_norm = strategy.clip_grad_norm(cfg.grad_clip)
+    grad_norm = strategy.clip_grads(cfg.grad_clip)
     lr = cfg.lr * lr_factor(step - 1, cfg, schedule_steps)
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.step()
-    metrics = {"loss": strategy.mean_over_replicas(loss), "grad_norm": grad_norm, "lr": lr}
     elapsed = time.perf_counter() - step_start
     tokens = sum(batch[0].numel() for batch in micro_batches)
-    if isinstance(run.train_set, InstructionDataset):  # batches cut to their samples
-        tokens = strategy.mean_over_replicas(torch.tensor(float(tokens))) * strategy.dp_size
-    else:
-        tokens *= strategy.dp_size
-    metrics.update(run.throughput.of_step(elapsed, tokens),
-                   peak_memory_bytes=float(peak_memory_bytes(run.env.device)),
-                   data_share=data_time / elapsed)
+    cut = isinstance(run.train_set, InstructionDataset)  # batches cut to their samples
+    metrics = PendingStep(step=step, loss=loss, grad_norm=grad_norm, lr=lr, seconds=elapsed,
+                          data_seconds=data_time,
+                          tokens=float(tokens if cut else tokens * strategy.dp_size),
+                          replica_tokens=cut,
+                          peak_memory_bytes=float(peak_memory_bytes(run.env.device)))
     if run.val and (step % cfg.eval_every == 0 or step == cfg.steps):
-        metrics["eval_loss"] = strategy.mean_over_replicas(strategy.eval_loss(run.val,
-                                                                              run.autocast))
+        metrics.eval_loss = strategy.eval_loss(run.val, run.autocast)
     return metrics
 
 
-def log_step(run: Run, state: RunState, step: int, metrics: dict[str, float]) -> None:
+def log_step(run: Run, state: RunState, step: int, metrics: PendingStep) -> None:
+    """Queue step ``step``'s ``metrics``; :func:`flush` the queue at log steps, the first and
+    last step of the attempt, evaluation steps and the step of a fault-injection kill point
+    (:func:`save_step` flushes at the steps that save or commit a checkpoint)."""
+    cfg = run.cfg
+    state.pending.append(metrics)
+    if (step % cfg.log_every == 0 or step in (state.start_step + 1, cfg.steps)
+            or metrics.eval_loss is not None
+            or (run.kill_at is not None and run.kill_at.step == step)):
+        flush(run, state)
+
+
+def flush(run: Run, state: RunState) -> None:
+    """Bring the pending steps' metrics to the host (collective: every rank flushes at the same
+    steps): their losses, eval losses and the token counts of batches cut to their samples
+    averaged over the replicas in one all-reduce, read with the gradient norms in one host read
+    (the values and order an immediate read per step gives); then each step's metrics, in
+    order, go to :func:`record` and to the step hook's queue."""
+    pending, state.pending = state.pending, []
+    if not pending:
+        return
+    start = time.perf_counter()
+    device = pending[0].loss.device
+    evaluated = [p.eval_loss for p in pending if p.eval_loss is not None]
+    counts = [p.tokens for p in pending if p.replica_tokens]
+    shares = torch.stack([t.float().to(device) for t in [p.loss for p in pending] + evaluated])
+    if counts:
+        shares = torch.cat([shares, torch.tensor(counts, dtype=torch.float32, device=device)])
+    norms = torch.stack([p.grad_norm.float().to(device) for p in pending])
+    values = torch.cat([run.strategy.means_over_replicas(shares), norms]).tolist()
+    pending[-1].seconds += time.perf_counter() - start  # the wait for the device, on a GPU
+    n, e = len(pending), len(evaluated)
+    losses, evals, norm_values = values[:n], iter(values[n:n + e]), values[-n:]
+    mean_counts = iter(values[n + e:n + e + len(counts)])
+    for p, loss, grad_norm in zip(pending, losses, norm_values, strict=True):
+        tokens = next(mean_counts) * run.strategy.dp_size if p.replica_tokens else p.tokens
+        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": p.lr}
+        metrics.update(run.throughput.of_step(p.seconds, tokens),
+                       peak_memory_bytes=p.peak_memory_bytes,
+                       data_share=p.data_seconds / p.seconds)
+        if p.eval_loss is not None:
+            metrics["eval_loss"] = next(evals)
+        record(run, state, p.step, metrics)
+        state.flushed.append((p.step, metrics))
+
+
+def record(run: Run, state: RunState, step: int, metrics: dict[str, float]) -> None:
     """Keep step ``step``'s ``metrics``, write them (metrics.jsonl, TensorBoard) and print the
     console line at log steps, the first and last step of the attempt and evaluation steps."""
     cfg = run.cfg
@@ -222,14 +297,19 @@ def log_step(run: Run, state: RunState, step: int, metrics: dict[str, float]) ->
 def save_step(run: Run, state: RunState, step: int) -> RunPath | None:
     """Commit the save in flight, if any, then save step ``step`` if it is due: periodic ones
     in the background (``--async-checkpoint``), the final and the preemption save synchronously
-    (the job ends after them). Returns the checkpoint committed now, if any (collective)."""
+    (the job ends after them). Returns the checkpoint committed now, if any (collective). Both
+    :func:`flush` first: metrics.jsonl holds every step a checkpoint holds."""
     cfg = run.cfg
     periodic = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
     last = step == cfg.steps or state.preempted is not None
+    if last or periodic or state.save_in_flight:
+        flush(run, state)
     saved = run.checkpointer.commit_pending()
+    state.save_in_flight = False
     if last or periodic:
-        saved = run.checkpointer.save(step, asynchronous=cfg.async_checkpoint and not last) \
-            or saved
+        asynchronous = cfg.async_checkpoint and not last
+        saved = run.checkpointer.save(step, asynchronous=asynchronous) or saved
+        state.save_in_flight = asynchronous
     if saved is not None:
         state.saved_step = step_of(saved)
     return saved

@@ -110,10 +110,14 @@ class MetricsWriter:
 
     A run resumed at ``start_step`` keeps the metrics.jsonl records up to that step and drops
     those of steps it will train again, so the file holds each step once; ``steps_redone``
-    counts the dropped steps (the work a restart lost). On a terminal (``stdout`` a TTY) and
-    given ``total_steps``, a tqdm progress bar with the loss, elapsed time and ETA runs below
-    the printed lines; in a log (not a TTY) there are only the lines. A run on an object store
-    also keeps the printed lines in ``console.log`` (its pods' logs go with them).
+    counts the dropped steps (the work a restart lost, as far as it was recorded: the loop
+    writes steps at its flush points, :mod:`trainers.core.loop`, always before a checkpoint or
+    an injected fault, so a crash elsewhere leaves the steps since the last flush uncounted).
+    :meth:`write` is called for every step, in order, in bursts at those points. On a
+    terminal (``stdout`` a TTY) and given ``total_steps``, a tqdm progress bar with the loss,
+    elapsed time and ETA runs below the printed lines; in a log (not a TTY) there are only the
+    lines. A run on an object store also keeps the printed lines in ``console.log`` (its pods'
+    logs go with them).
 
     ``trackers`` (names from :data:`trainers.torchfree.tracker_names.TRACKERS`) get every
     step's metrics as metrics.jsonl does, the run's config.json options as parameters, its

@@ -1,7 +1,8 @@
 """What the training loop (:mod:`trainers.core.loop`) works with, typed: the parts of a run it
-builds once (:class:`Run`), what it carries from step to step (:class:`RunState`), what a run
-keeps across attempts (:class:`RunFacts`), and the figures made of them: the notes of a resume
-(:func:`resume_notes`) and the summary (:func:`summarize`).
+builds once (:class:`Run`), what it carries from step to step (:class:`RunState`), a step whose
+metrics have not reached the host yet (:class:`PendingStep`), what a run keeps across attempts
+(:class:`RunFacts`), and the figures made of them: the notes of a resume (:func:`resume_notes`)
+and the summary (:func:`summarize`).
 """
 
 from __future__ import annotations
@@ -115,6 +116,24 @@ class Run:
 
 
 @dataclass
+class PendingStep:
+    """A step trained and not yet flushed (:func:`trainers.core.loop.flush`): what the device
+    holds of its metrics, left there (reading it would wait for the device), and what the host
+    measured."""
+
+    step: int
+    loss: torch.Tensor  # this replica's share of the step's loss (0-dim, on the device)
+    grad_norm: torch.Tensor  # the global gradient norm before clipping (0-dim, on the device)
+    lr: float
+    seconds: float  # the step's host time (a flush adds its wait for the device)
+    data_seconds: float  # of which fetching batches
+    tokens: float  # input tokens: this replica's (``replica_tokens``) or all replicas'
+    replica_tokens: bool  # whether ``tokens`` still needs the sum over the replicas
+    peak_memory_bytes: float
+    eval_loss: torch.Tensor | None = None  # this replica's share, at evaluation steps
+
+
+@dataclass
 class RunState:
     """What the loop carries from step to step of one attempt."""
 
@@ -124,6 +143,9 @@ class RunState:
     history: list[dict[str, float]] = field(default_factory=list)  # each step's metrics
     saved_step: int | None = None  # the step of the newest checkpoint committed
     preempted: signal.Signals | None = None  # the signal all ranks agreed to stop on
+    pending: list[PendingStep] = field(default_factory=list)  # steps since the last flush
+    flushed: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # for the hook
+    save_in_flight: bool = False  # a background save commits at the next step
 
 
 def resume_notes(saved: dict[str, Any], cfg: TrainConfig, start_step: int,

@@ -3,7 +3,9 @@
 A strategy (DDP, FSDP, ...; their classes are in :mod:`trainers.parallel`) wraps the model and
 overrides only what differs: how gradient sync is suppressed on non-final micro-steps, how a
 step's forward and backward run, how the gradient norm is taken. The loop
-(:mod:`trainers.core.loop`) owns the rest.
+(:mod:`trainers.core.loop`) owns the rest. What the loop calls every step stays on the device:
+only the one-off :meth:`Strategy.clip_grad_norm` and :meth:`Strategy.mean_over_replicas` read
+a tensor to the host.
 """
 
 from __future__ import annotations
@@ -98,12 +100,17 @@ class Strategy:
         """Ranks holding disjoint parts of the model whose squared norms add up (None: none)."""
         return None
 
-    def clip_grad_norm(self, max_norm: float) -> float:
-        """Global gradient norm before clipping to ``max_norm`` (0: measure only).
+    def clip_grads(self, max_norm: float) -> torch.Tensor:
+        """Clip the gradients to global norm ``max_norm`` (0: measure only) on the device; return
+        the norm before clipping, a 0-dim fp32 tensor on the device (no host read: the loop
+        reads it with the step's loss at its next flush).
 
         Gradients may be local tensors or DTensors sharded over any mesh: each group of equal
         placement is reduced to a full norm once, then summed over :meth:`norm_group`, so the
-        result is the norm of the whole unsharded gradient on every rank.
+        norm is the whole unsharded gradient's on every rank. The gradients are scaled by
+        ``max_norm / (norm + 1e-6)`` only where the norm exceeds ``max_norm`` (else by 1), the
+        rule of the host comparison this replaced: a NaN norm leaves them as they are, an
+        infinite one scales them by 0.
         """
         groups: dict[Any, list[torch.Tensor]] = {}
         for grad in self.norm_grads():
@@ -117,18 +124,38 @@ class Strategy:
             squares = squares.to(norm.device) + norm.float() ** 2
         if self.norm_group() is not None:
             dist.all_reduce(squares, group=self.norm_group())
-        total = squares.sqrt().item()
-        if max_norm and total > max_norm:
-            scale = max_norm / (total + 1e-6)
+        total = squares.sqrt()
+        if max_norm:
+            # in float64 where the device has it, as the host did with the norm it read
+            wide = total.double() if total.device.type != "mps" else total
+            scale = torch.where(wide > max_norm, max_norm / (wide + 1e-6),
+                                torch.ones_like(wide)).float()
+            by_kind: dict[Any, list[torch.Tensor]] = {}
             for param in self.model.parameters():
                 if param.grad is not None:
-                    param.grad.mul_(scale)
+                    grad = param.grad
+                    key = ((grad.device_mesh, grad.placements) if isinstance(grad, DTensor)
+                           else None, grad.device, grad.dtype)
+                    by_kind.setdefault(key, []).append(grad)
+            for (_, device, _), grads in by_kind.items():
+                torch._foreach_mul_(grads, scale.to(device))
         return total
 
-    def mean_over_replicas(self, value: torch.Tensor) -> float:
-        """``value`` averaged over the data-parallel replicas."""
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """:meth:`clip_grads`, the norm read to the host (a device sync: for one-off callers;
+        the loop keeps the tensor)."""
+        return self.clip_grads(max_norm).item()
+
+    def means_over_replicas(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` (any shape) averaged over the data-parallel replicas in one all-reduce,
+        on the device (no host read)."""
         if self.dp_size > 1:
-            value = value.clone()
-            dist.all_reduce(value, group=self.dp_group)
-            value /= self.dp_size
-        return value.item()
+            values = values.clone()
+            dist.all_reduce(values, group=self.dp_group)
+            values /= self.dp_size
+        return values
+
+    def mean_over_replicas(self, value: torch.Tensor) -> float:
+        """``value`` averaged over the data-parallel replicas, read to the host (a device
+        sync: for one-off callers; the loop reduces a flush's values together)."""
+        return self.means_over_replicas(value).item()
