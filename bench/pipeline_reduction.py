@@ -127,7 +127,8 @@ def run_variant(plan: Plan, schedule: list[str], variant: str, scratch: Path,
     flags = VARIANTS[variant]
     args = [*harness.trainer_args(plan.model, plan.batch_size, plan.steps, 1e12, 256),
             "--pp", str(PP), "--dp", str(DP), "--microbatches", str(plan.microbatches),
-            *schedule, *(flags or []), "--output-dir", str(scratch / tag)]
+            *schedule, *(flags or []), "--output-dir", str(scratch / tag),
+            "--log-every", "1"]  # a flush, so the hook's CPU-time stamp, every step
     result = harness.run_ranks("bench.pipeline_reduction", ["fsdp" if flags else "flat", *args],
                                NPROC, scratch, tag, plan.timeout_s)
     ranks = result["ranks"]  # rank 0 first

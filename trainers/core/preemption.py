@@ -2,9 +2,9 @@
 
 :class:`PreemptionWatch` installs a handler for each preemption signal that only records it
 (a second signal, say during the save, changes nothing). After every step the ranks agree in
-one small all-reduce whether any of them was signalled, so all of them save the same step and
-stop together (:mod:`trainers.core.loop`); the process then exits ``128 + signal``
-(:func:`trainers.torchfree.preemption_signals.exit_status`).
+one small all-reduce on the host (gloo, whatever the training backend) whether any of them was
+signalled, so all of them save the same step and stop together (:mod:`trainers.core.loop`);
+the process then exits ``128 + signal`` (:func:`trainers.torchfree.preemption_signals.exit_status`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,12 @@ class PreemptionWatch:
         self.notice = notice
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
-        self._flag = torch.zeros(1, dtype=torch.int64, device=env.device)
+        # The flag lives on the CPU and is agreed over gloo: on a GPU an all-reduce of a device
+        # tensor read back with .item() would wait for the whole step's kernels every step (the
+        # loop reads its metrics only at flush points). Creating the group is collective.
+        self._flag = torch.zeros(1, dtype=torch.int64)
+        self._group = (dist.new_group(backend="gloo")
+                       if env.world_size > 1 and env.backend != "gloo" else None)
 
     def __enter__(self) -> PreemptionWatch:
         if threading.current_thread() is threading.main_thread():
@@ -72,6 +77,6 @@ class PreemptionWatch:
             self.request(signal.SIGTERM)
         self._flag.fill_(int(self.received or 0))
         if self.env.world_size > 1:
-            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group)
         value = int(self._flag.item())
         return signal.Signals(value) if value else None
