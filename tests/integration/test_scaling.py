@@ -114,15 +114,16 @@ def test_the_job_runs_the_measurement_on_every_node():
 
 def test_a_run_that_fails_ends_the_measurement_with_its_log(tmp_path):
     out = tmp_path / "scaling"
-    env = {**child_env(), "TRAINERS_KILL_AT": "1:3"}  # rank 1 exists in the 2-process run only
+    env = {**child_env(), "TRAINERS_KILL_AT": "0:3"}  # the first run, 1 process, dies
     proc = subprocess.run([sys.executable, "-m", "trainers.scaling", *STEPS, "--output-dir",
                            str(out), "--", *TRAINER], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"trainers.scaling: error: the 2 processes run failed (exit 1); its log is "
-        f"{out}/nproc2/launch-node0.log (the last lines above)")
-    assert "Signal 9 (SIGKILL)" in (out / "nproc2" / "launch-node0.log").read_text()
+        f"trainers.scaling: error: the 1 process run failed (exit 1); its log is "
+        f"{out}/nproc1/launch-node0.log (the last lines above)")
+    assert "Signal 9 (SIGKILL)" in (out / "nproc1" / "launch-node0.log").read_text()
+    assert not (out / "nproc2").exists()  # nothing runs after a failed run
     assert not (out / "scaling.json").exists()
 
 

@@ -74,3 +74,14 @@ def test_the_table_has_a_row_per_run_with_efficiency_and_shares():
     text = table(runs)
     assert text.splitlines()[3].startswith("| 2 processes | 2 | 1,800 | 900 | 0.90 | 92.0 ms |")
     assert "11.0 ms (12%)" in text
+
+
+def test_sublinear_scaling_from_communication_names_its_fixes_without_the_batch_pitfall():
+    # 11% of the step on collectives: below the batch pitfall, yet the part that grew most
+    runs = [phase("1 process", 1, 1532, 0.162, host=0.006),
+            phase("2 processes", 2, 2449, 0.184, comm=0.024, host=0.004)]
+    found = pitfalls(runs, HEALTHY)
+    assert kinds(found) == ["scaling"]
+    assert found[0].message.endswith("try a larger batch per device (--batch-size), or gradient "
+                                     "accumulation (--grad-accum: one reduction per step), or "
+                                     "--grad-reduce-dtype bf16 (half the bytes)")

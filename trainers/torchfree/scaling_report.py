@@ -97,19 +97,11 @@ def pitfalls(phases: Sequence[Phase], facts: Facts) -> list[Pitfall]:
             f"--num-workers {more} so worker processes load ahead")))
     comm_phase = max(phases, key=lambda p: p.breakdown.share("exposed_comm_s"))
     if comm_phase.breakdown.share("exposed_comm_s") > EXPOSED_COMM_SHARE:
-        fixes = ["a larger batch per device (--batch-size)",
-                 "gradient accumulation (--grad-accum: one reduction per step)"]
-        if facts.trainer == "ddp":
-            fixes.append("--grad-reduce-dtype bf16 (half the bytes)")
-        if facts.tp > 1:
-            fixes = [f"a smaller --tp than {facts.tp} (its all-reduces in every block are on "
-                     "the critical path and grow with the tokens, not the batch), scaling with "
-                     "data parallelism (trainers.fsdp) instead"]
         found.append(Pitfall("batch", (
             f"batch per device too small for the communication: {comm_phase.name} waits "
             f"{comm_phase.breakdown.share('exposed_comm_s'):.0%} of each step on collectives "
             f"({_ms(comm_phase.breakdown.exposed_comm_s)}) with "
-            f"{comm_phase.tokens_per_replica:,} tokens per replica; try " + ", or ".join(fixes))))
+            f"{comm_phase.tokens_per_replica:,} tokens per replica; try {comm_fixes(facts)}")))
     if facts.duplicated:
         found.append(Pitfall("duplicates", (
             f"duplicated samples across ranks: {facts.duplicated} of the {facts.sampled} "
@@ -126,11 +118,24 @@ def pitfalls(phases: Sequence[Phase], facts: Facts) -> list[Pitfall]:
             break
     for phase in phases[1:]:
         if efficiency(base, phase) < SUBLINEAR_EFFICIENCY:
-            found.append(Pitfall("scaling", sublinear_cause(base, phase)))
+            found.append(Pitfall("scaling", sublinear_cause(base, phase, facts)))
     return found
 
 
-def sublinear_cause(base: Phase, phase: Phase) -> str:
+def comm_fixes(facts: Facts) -> str:
+    """What hides or shrinks the communication of ``facts``'s trainer, as one phrase."""
+    if facts.tp > 1:
+        return (f"a smaller --tp than {facts.tp} (its all-reduces in every block are on the "
+                "critical path and grow with the tokens, not the batch), scaling with data "
+                "parallelism (trainers.fsdp) instead")
+    fixes = ["a larger batch per device (--batch-size)",
+             "gradient accumulation (--grad-accum: one reduction per step)"]
+    if facts.trainer == "ddp":
+        fixes.append("--grad-reduce-dtype bf16 (half the bytes)")
+    return ", or ".join(fixes)
+
+
+def sublinear_cause(base: Phase, phase: Phase, facts: Facts) -> str:
     """Why ``phase`` scales sub-linearly: the part of the step that grew most over ``base``."""
     growth = {part: getattr(phase.breakdown, part) - getattr(base.breakdown, part)
               for part in PART_NAMES}
@@ -142,8 +147,8 @@ def sublinear_cause(base: Phase, phase: Phase) -> str:
     causes = {
         "compute_s": "the processes slow each other's compute (shared cores or memory "
                      "bandwidth: on CPUs keep processes x OMP_NUM_THREADS <= cores)",
-        "exposed_comm_s": "the collectives are not hidden behind compute: see the batch "
-                          "pitfall's fixes",
+        "exposed_comm_s": f"the collectives are not hidden behind compute; try "
+                          f"{comm_fixes(facts)}",
         "data_wait_s": "the data loader cannot keep up with more processes: more "
                        "--num-workers",
         "host_s": "the device waits on the host (Python, launches, synchronisation, "
