@@ -20,6 +20,7 @@ from components.launch import (
 )
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.scaling_runs import MEASURED, PROG, Options, check_options, check_runs
+from trainers.torchfree.trainer_table import check_one_process_per_gpu
 
 
 def scaling(
@@ -70,9 +71,6 @@ def scaling(
         raise ComponentArgumentError(f"-j {j}: a measurement runs on a fixed number of nodes; "
                                      f"pass -j {nodes}x{nproc}")
     gpus, resource = node_resource(h, mounts, cpu, gpu, memMB)
-    if gpus and nproc != gpus:
-        raise ComponentArgumentError(f"-j {j} with --gpu {gpus}: each process drives one GPU; "
-                                     f"pass -j {nodes}x{gpus}")
     port = rendezvous_port(rdzv_port, nodes)
     endpoint = ShellExpanded(f"$${{{macros.rank0_env}:=localhost}}:{port}")
     opts = Options(trainer=trainer, nproc=nproc, nodes=nodes, node_rank=0,
@@ -84,7 +82,8 @@ def scaling(
             raise ConfigError(f"--trainer {trainer}: pass one of {', '.join(MEASURED)} (a "
                               "pipeline has no 1-process run to compare with)")
         check_options(opts)
-        check_runs(opts, script_args, check_paths=False)
+        cfg, _ = check_runs(opts, script_args, check_paths=False)
+        check_one_process_per_gpu(cfg, nproc, gpus)
     except ConfigError as err:
         raise ComponentArgumentError(f"{PROG}: {err}") from None
     command = ["python", "-m", "trainers.scaling", "--trainer", trainer, "--nproc", str(nproc),

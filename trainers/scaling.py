@@ -38,6 +38,7 @@ from trainers.core.profiling import PROFILE_FILE
 from trainers.torchfree.config import exit_on_config_error, split_at_dashes
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.log_setup import configure_logging
+from trainers.torchfree.run_plot import load_run
 from trainers.torchfree.scaling_plot import render
 from trainers.torchfree.scaling_report import Facts, Phase, pitfalls, table
 from trainers.torchfree.scaling_runs import (
@@ -107,9 +108,8 @@ def read_phase(opts: Options, size: Size, tokens_per_replica: int, wait_s: float
         time.sleep(1.0)
     profile = json.loads(profile_file.read_text())
     first_profiled = profile["steps"][0]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-               if line.strip()]
-    timed = [m for m in records if WARMUP_STEPS < m["step"] < first_profiled - 1]
+    timed = [m for m in load_run(run_dir).metrics
+             if WARMUP_STEPS < m["step"] < first_profiled - 1]
     seconds = sum(m["step_time_s"] for m in timed)
     tokens = sum(m["tokens_per_s"] * m["step_time_s"] for m in timed)
     return Phase(size.name, size.nodes, size.nproc, tokens / seconds,

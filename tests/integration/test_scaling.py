@@ -92,7 +92,8 @@ def test_the_data_check_finds_sequences_repeated_across_ranks(tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     ({"j": "1:2x2"}, "-j 1:2x2: a measurement runs on a fixed number of nodes; pass -j 2x2"),
     ({"j": "1x1"}, "1 process is the baseline: pass --nproc 2"),
-    ({"j": "1x2", "gpu": 4}, "each process drives one GPU; pass -j 1x4"),
+    ({"j": "1x2", "gpu": 4}, "2 processes per node with --gpu 4: each process drives one GPU; "
+                             "pass -j <nodes>x4, or --gpu 2"),
     ({"trainer": "pipeline"}, "pass one of ddp, fsdp, tensor_parallel"),
     ({"steps": 5}, "--steps 5 leaves no timed steps"),
 ])
