@@ -25,13 +25,16 @@ TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its tier, the name of its folder under tests/."""
+    """Mark each test with its tier, the name of its folder under tests/, and ``slurm`` where it
+    uses the Slurm cluster (the ``slurm_cluster`` fixture, directly or through another)."""
     for item in items:
         tier = Path(item.fspath).resolve().relative_to(TESTS).parts[0]
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: a test lives in tests/unit, "
                                     "tests/integration or tests/system")
         item.add_marker(tier)
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker("slurm")
 
 
 @pytest.fixture(scope="session")
