@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import configparser
 import difflib
+import importlib
 import inspect
 import logging
 import sys
@@ -47,19 +48,28 @@ logger = logging.getLogger(__name__)
 
 
 def _our_component(name: str) -> Callable[..., object] | None:
-    """The component function ``name`` (``path/to/file.py:fn`` or ``module.fn``) names when it
-    is one of this repository's, else None (TorchX reports what it cannot find itself)."""
-    from torchx.specs.finder import get_component
-
-    path, _, _ = name.rpartition(":")
-    ours = (Path(path).resolve().parent == _COMPONENTS_DIR if path.endswith(".py")
-            else name.startswith(f"{__package__}."))
-    if not ours:
+    """The component function ``name`` names when it is one of this repository's, else None
+    (TorchX reports what it cannot find itself): ``path/to/components/<file>.py:fn``,
+    ``components.<file>.fn``, or a builtin name ``<file>`` (pyproject.toml registers each module
+    of ours without a prefix, and each holds the component of its own name). It is imported as
+    the package's module, not looked up through TorchX's finder, which scans every installed
+    distribution's entry points and which TorchX runs again itself."""
+    path, _, fn_name = name.rpartition(":")
+    if path.endswith(".py"):
+        file = Path(path).resolve()
+        module = f"{__package__}.{file.stem}" if file.parent == _COMPONENTS_DIR else None
+    elif "." not in name and ":" not in name:
+        module, fn_name = f"{__package__}.{name}", name
+    else:
+        module, _, fn_name = name.rpartition(".")
+        module = module if module.startswith(f"{__package__}.") else None
+    if module is None:
         return None
     try:
-        return get_component(name).fn
+        fn = getattr(importlib.import_module(module), fn_name)
     except Exception:  # noqa: BLE001 (TorchX's own lookup reports the error in its words)
         return None
+    return fn if callable(fn) else None
 
 
 def check_component_args(name: str, fn: Callable[..., object], args: list[str]) -> None:
@@ -125,8 +135,10 @@ def check_torchxconfig(scheduler: str) -> None:
     of an INI file, which TorchX's loader reads). Options of schedulers whose run options are
     not :class:`CheckedRunopts` are TorchX's to read."""
     sections = {path: _section(path, scheduler) for path in config.find_configs()}
+    if not any(sections.values()):
+        return
     factory = get_scheduler_factories().get(scheduler)
-    if not any(sections.values()) or factory is None:
+    if factory is None:
         return
     try:
         opts = factory("torchx").run_opts()

@@ -8,10 +8,11 @@ difference is detected by the feature, not by a version number:
   ``cfg.option`` by the built-in schedulers) and as a plain dict on 0.7.0: :func:`replace_cfg`
   changes options and keeps the type.
 
-Each scheduler package has one module for what it uses of TorchX's internals where TorchX has no
-public hook, with the versions it holds for: components/schedulers/slurm/torchx_private.py
-(with main's workspace builders), components/schedulers/k8s/torchx_private.py and
-components/schedulers/local/torchx_private.py.
+Each scheduler package keeps what it uses of TorchX's internals where TorchX has no public hook
+in its torchx_private modules, with the versions they hold for:
+components/schedulers/slurm/torchx_private.py (with main's workspace builders),
+components/schedulers/k8s/torchx_private.py and components/schedulers/local/torchx_private.py
+and torchx_private_docker.py.
 
 Where main does what an extension adds, the extension defers to it by asking the base class
 (e.g. ``runopts.get``), not this module: see components/schedulers/slurm/options.py and

@@ -32,7 +32,8 @@ FIX = re.compile(r"\b(pass|use|try|lower|pick|drop|list|tokenize|instead|did you
 @dataclass(frozen=True)
 class Row:
     """One wrong invocation: ``torchx run -s scheduler [-cfg cfg] components/<C>.py:<C> -j j
-    *options -- *trainer`` whose error line starts with (``exact``: is) ``error``.
+    *options -- *trainer`` (``builtin``: ``<C>`` instead of the path) whose error line starts
+    with (``exact``: is) ``error``.
 
     ``{tmp}`` in ``cfg``, ``options``, ``trainer`` and ``error`` stands for the row's own
     temporary directory, which is also the directory the CLI runs in (no .torchxconfig, HOME).
@@ -50,6 +51,7 @@ class Row:
     ends: str = ""  # and (for a row that is not exact) its end
     workspace: str | None = None  # --workspace instead of the scheduler's (kubernetes: none)
     env: tuple[tuple[str, str], ...] = ()  # extra environment of the CLI
+    builtin: bool = False  # name the component as TorchX's builtin (``ddp``), not by its file
 
     def args(self, tmp: Path) -> list[str]:
         """The CLI arguments (kubernetes rows are dry runs: no API server is needed)."""
@@ -66,8 +68,9 @@ class Row:
             given = dict(kv.split("=", 1) for kv in filter(None, cfg.split(",")))
             defaults = {"partition": "debug", "time": "15", "job_dir": str(tmp / "jobs")}
             cfg = ",".join(f"{k}={v}" for k, v in {**defaults, **given}.items())
-        return [*run, "-s", self.scheduler, *(["-cfg", cfg] if cfg else []),
-                f"{REPO / 'components' / self.component}.py:{self.component}", "-j", self.j,
+        name = (self.component if self.builtin else
+                f"{REPO / 'components' / self.component}.py:{self.component}")
+        return [*run, "-s", self.scheduler, *(["-cfg", cfg] if cfg else []), name, "-j", self.j,
                 *fill(self.options), "--", *fill(self.trainer)]
 
 
@@ -251,6 +254,9 @@ ROWS = [
     Row("misspelt-component-option", "local_cwd", "ddp",
         "ddp: --gpus is not an option of the component; did you mean --gpu?",
         options=("--gpus", "2")),
+    Row("misspelt-option-of-a-builtin-name", "local_cwd", "fsdp",
+        "fsdp: --gpus is not an option of the component; did you mean --gpu?",
+        options=("--gpus", "2"), builtin=True),
     Row("kubernetes-workspace-without-docker", "kubernetes", "ddp",
         "kubernetes: --workspace file://{tmp} is built into an image on top of --image through "
         "a Docker API, and none answers at unix://{tmp}/none.sock (DockerException); pass "

@@ -25,7 +25,7 @@ from torchx.specs import AppDef, AppState, Role
 
 from components.containers import reference_error
 from components.errors import ComponentArgumentError
-from components.schedulers.local.torchx_private import TorchXDockerScheduler
+from components.schedulers.local.torchx_private_docker import TorchXDockerScheduler
 from components.schedulers.run_options import StrictRunOptions
 from components.schedulers.submit import SubmitChecks
 

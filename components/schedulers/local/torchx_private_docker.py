@@ -1,0 +1,42 @@
+"""The names of TorchX's ``DockerScheduler`` that ``local_docker`` uses and TorchX keeps private.
+
+:mod:`.docker_engine` checks images through the Docker client TorchX uses
+(``DockerWorkspaceMixin._docker_client``), counts restarts over a job's containers
+(``DockerScheduler._get_containers``), and reads podman's container states as Docker's where
+TorchX's ``describe`` derives each container's state (``DockerScheduler._get_app_state``).
+These names have these meanings in torchx 0.7.0 and on TorchX main (torchx-nightly
+2026.10.26); the class here gives them public names (:mod:`.torchx_private` does the same for
+``local_cwd``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torchx.schedulers.docker_scheduler import DockerScheduler
+from torchx.specs import AppState
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
+
+
+class TorchXDockerScheduler(DockerScheduler):
+    """TorchX's ``DockerScheduler`` with public names for its client, a job's containers and
+    the state of one container."""
+
+    def docker_client(self) -> DockerClient:
+        """TorchX's Docker client (from the environment, ``DOCKER_HOST``, on first use)."""
+        return self._docker_client
+
+    def containers(self, app_id: str) -> list[Container]:
+        """Every container of ``app_id``, running or not."""
+        return self._get_containers(app_id)
+
+    def container_state(self, container: Container) -> AppState:
+        """TorchX's state of one of a job's containers; ``describe`` asks this of each, so a
+        subclass extends it."""
+        return super()._get_app_state(container)
+
+    def _get_app_state(self, container: Container) -> AppState:
+        return self.container_state(container)
