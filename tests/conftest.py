@@ -25,16 +25,19 @@ TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its tier, the name of its folder under tests/, and ``slurm`` where it
-    uses the Slurm cluster (the ``slurm_cluster`` fixture, directly or through another)."""
+    """Mark each test with its tier, the name of its folder under tests/, and with the service
+    it uses: ``slurm`` (the ``slurm_cluster`` fixture, directly or through another) and ``ray``
+    (``ray_cluster``, the session's Ray cluster)."""
     for item in items:
         tier = Path(item.fspath).resolve().relative_to(TESTS).parts[0]
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: a test lives in tests/unit, "
                                     "tests/integration or tests/system")
         item.add_marker(tier)
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker("slurm")
+        fixtures = getattr(item, "fixturenames", ())
+        for service in ("slurm", "ray"):
+            if f"{service}_cluster" in fixtures:
+                item.add_marker(service)
 
 
 @pytest.fixture(scope="session")

@@ -11,14 +11,23 @@ These names have these meanings in torchx 0.7.0 and on TorchX main (torchx-night
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
+from docker.errors import APIError
 from torchx.schedulers.docker_scheduler import DockerScheduler
 from torchx.specs import AppState
 
 if TYPE_CHECKING:
     from docker import DockerClient
     from docker.models.containers import Container
+
+# podman's Docker API answers a listing of containers with 500 "read /proc/<pid>/cgroup: no such
+# process" when a listed container's process exits while it lists them; a new listing a moment
+# later answers. TorchX's describe lists a job's containers, so `torchx status` and `torchx run`'s
+# wait would fail with that traceback.
+LISTING_ATTEMPTS = 3
+LISTING_PAUSE_S = 0.2
 
 
 class TorchXDockerScheduler(DockerScheduler):
@@ -32,6 +41,19 @@ class TorchXDockerScheduler(DockerScheduler):
     def containers(self, app_id: str) -> list[Container]:
         """Every container of ``app_id``, running or not."""
         return self._get_containers(app_id)
+
+    def _get_containers(self, app_id: str) -> list[Container]:
+        """TorchX's listing of ``app_id``'s containers, listed again (up to
+        :data:`LISTING_ATTEMPTS` times) where podman's API fails it because a container's
+        process exited meanwhile; any other error is raised at once."""
+        for _ in range(LISTING_ATTEMPTS - 1):
+            try:
+                return super()._get_containers(app_id)
+            except APIError as err:
+                if "no such process" not in str(err):
+                    raise
+            time.sleep(LISTING_PAUSE_S)
+        return super()._get_containers(app_id)
 
     def container_state(self, container: Container) -> AppState:
         """TorchX's state of one of a job's containers; ``describe`` asks this of each, so a
