@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from torchx.runner import get_runner
 
+from components.errors import ComponentArgumentError
 from tests.integration.test_bad_input_matrix import FIX, Row, assert_refused
-from tests.support.runs import run_trainer
+from tests.support.runs import REPO, run_trainer
 from trainers.models.huggingface import tiny_llama_config
 from trainers.torchfree.model_names import check_safetensors
 
-NOT_CAUSAL = ("is not a causal LM config (it describes a {kind}); pass the directory of a causal "
+NOT_CAUSAL = ("is not a causal LM config ({why}); pass the directory of a causal "
               "LM saved by transformers' save_pretrained (its architectures end in ForCausalLM)")
 NOT_WHOLE = ("is not a readable safetensors file ({reason}); copy or save it again with "
              "save_pretrained, or pass a directory without it to start from the initialization")
@@ -41,6 +45,14 @@ def bad_hf_dirs(tmp: Path) -> None:
               "vocab_size": 256, "max_position_embeddings": 64}
     _config(tmp / "models/bert", {"architectures": ["BertForMaskedLM"], "model_type": "bert",
                                   "intermediate_size": 128, **widths})
+    # BertConfig().save_pretrained: no architectures, an encoder's model_type
+    _config(tmp / "models/bert-bare", {"model_type": "bert", "type_vocab_size": 2,
+                                       "intermediate_size": 128, **widths})
+    # BERT as a decoder: its class name ends like a causal LM's, its embeddings are an encoder's
+    _config(tmp / "models/bert-lm-head", {"architectures": ["BertLMHeadModel"],
+                                          "model_type": "bert", "is_decoder": True,
+                                          "type_vocab_size": 2, "intermediate_size": 128,
+                                          **widths})
     _config(tmp / "models/t5", {"architectures": ["T5ForConditionalGeneration"],
                                 "model_type": "t5", "d_model": 64, "num_layers": 2,
                                 "num_heads": 2, "vocab_size": 256, "is_encoder_decoder": True})
@@ -58,8 +70,13 @@ class Case:
 
 
 CASES = [
-    Case("bert", "{dir}/config.json " + NOT_CAUSAL.format(kind="BertForMaskedLM")),
-    Case("t5", "{dir}/config.json " + NOT_CAUSAL.format(kind="T5ForConditionalGeneration")),
+    Case("bert", "{dir}/config.json " + NOT_CAUSAL.format(why="it describes a BertForMaskedLM")),
+    Case("bert-bare", "{dir}/config.json " + NOT_CAUSAL.format(
+        why="it names no architectures; its model_type is bert")),
+    Case("bert-lm-head", "{dir}/config.json " + NOT_CAUSAL.format(
+        why="it describes a BertLMHeadModel with an encoder's token-type embeddings")),
+    Case("t5", "{dir}/config.json " + NOT_CAUSAL.format(
+        why="it describes a T5ForConditionalGeneration")),
     Case("truncated", "{dir}/model.safetensors " + NOT_WHOLE.format(
         reason="its header spans 64 bytes of tensors, the file holds 48")),
     Case("garbage", "{dir}/model.safetensors " + NOT_WHOLE.format(
@@ -83,6 +100,22 @@ def test_the_component_refuses_it_before_scheduling(tmp_path, case):
     row = DryRunRow(case.name, "local_cwd", "ddp", f"trainers.ddp: --model {model}: {error}",
                     trainer=("--model", model, "--steps", "2"))
     assert_refused(row, tmp_path)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_the_runner_and_the_planner_refuse_it(tmp_path, case):
+    """TorchX's Python runner (a dry run in this process) and ``python -m trainers.plan``."""
+    bad_hf_dirs(tmp_path)
+    folder = tmp_path / "models" / case.name
+    expected = f"--model hf:{folder}: {case.error.format(dir=folder)}"
+    with get_runner() as runner, pytest.raises(ComponentArgumentError) as refused:
+        runner.dryrun_component(f"{REPO}/components/ddp.py:ddp",
+                                ["--", "--model", f"hf:{folder}"], "local_cwd", workspace=None)
+    assert str(refused.value) == f"trainers.ddp: {expected}"
+    if case.name == "bert-bare":  # the planner reads the same check; one case suffices
+        plan = subprocess.run([sys.executable, "-m", "trainers.plan", "--model", f"hf:{folder}"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert plan.returncode == 2 and plan.stderr.strip() == f"trainers.plan: error: {expected}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])

@@ -30,6 +30,8 @@ MODEL_HELP = ("a built-in size (" + ", ".join(MODEL_SIZES) + "), hf:DIR (a Huggi
 HF_LLAMA_TYPES = ("llama", "mistral", "qwen2")
 # How the class names in a config.json's architectures of a causal LM end.
 CAUSAL_LM_CLASSES = ("ForCausalLM", "LMHeadModel")
+# The model types whose bare config.json (no architectures) the trainers build as a causal LM.
+BARE_CAUSAL_TYPES = (*HF_LLAMA_TYPES, "gpt2")
 
 
 def model_kind(name: str) -> str:
@@ -116,17 +118,26 @@ def _read_hf_shape(name: str) -> ModelConfig:
 
 
 def check_causal_lm(config: dict[str, Any]) -> None:
-    """ValueError unless the Hugging Face ``config`` is a causal LM's: its ``architectures``
-    (when given) name one (``...ForCausalLM``, ``...LMHeadModel``) and it is not an
-    encoder-decoder."""
+    """ValueError unless the Hugging Face ``config`` is a causal LM's that the trainers build:
+    its ``architectures`` name one (``...ForCausalLM``, ``...LMHeadModel``), or, without
+    ``architectures`` (a bare config), its ``model_type`` is one whose causal LM is known to
+    build (:data:`BARE_CAUSAL_TYPES`); it is not an encoder-decoder, and its embeddings are not
+    an encoder's (``type_vocab_size``: BERT's family, whose ``...LMHeadModel`` holds position
+    and token-type buffers the trainers do not shard)."""
     architectures = config.get("architectures") or []
+    model_type = config.get("model_type", "model")
     if not isinstance(architectures, list) or not all(isinstance(a, str)
                                                        for a in architectures):
         raise ValueError(f"architectures {architectures!r} is not a list of class names")
     if architectures and not any(a.endswith(CAUSAL_LM_CLASSES) for a in architectures):
         raise ValueError(f"it describes a {', '.join(architectures)}")
+    if not architectures and model_type not in BARE_CAUSAL_TYPES:
+        raise ValueError(f"it names no architectures; its model_type is {model_type}")
     if config.get("is_encoder_decoder"):
-        raise ValueError(f"it describes an encoder-decoder {config.get('model_type', 'model')}")
+        raise ValueError(f"it describes an encoder-decoder {model_type}")
+    if "type_vocab_size" in config:
+        found = ", ".join(architectures) or f"model_type {model_type}"
+        raise ValueError(f"it describes a {found} with an encoder's token-type embeddings")
 
 
 def read_range(path: RunPath, start: int, end: int) -> bytes:
