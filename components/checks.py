@@ -7,12 +7,13 @@ from __future__ import annotations
 from torchx import specs
 from torchx.components import dist
 
+from components.cpu_memory import CpuMemory
 from components.errors import ComponentArgumentError
 from trainers.torchfree import faults, trainer_table
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.errors import ConfigError, MissingPathError
 from trainers.torchfree.model_names import in_store, model_kind
-from trainers.torchfree.planner import GIB, check_fits
+from trainers.torchfree.planner import GIB, check_fits, job_candidate
 from trainers.torchfree.resources import GPU_MEMORY_GB, gpu_memory_gb
 from trainers.torchfree.train_config import TrainConfig
 
@@ -66,21 +67,26 @@ def check_kill_point(env: dict[str, str] | None, world_size: int) -> None:
 
 def check_trainer(trainer: str, args: list[str], *, nodes: range, nproc: int, gpus: int,
                   node_mb: int, env: dict[str, str] | None, check_paths: bool,
-                  device_memory_gb: float, gpu_type: str | None) -> TrainConfig:
+                  device_memory_gb: float, gpu_type: str | None
+                  ) -> tuple[TrainConfig, CpuMemory | None]:
     """Trainer ``trainer``'s configuration from ``args``, checked for a job of ``nodes`` nodes
     (any number in the range) of ``nproc`` processes, ``gpus`` GPUs and ``node_mb`` MB each;
-    ComponentArgumentError (one line naming the fix) when it cannot run there.
+    ComponentArgumentError (one line naming the fix) when it cannot run there. With it, a CPU
+    job's memory for the scheduler to price (:mod:`components.cpu_memory`; None for a GPU job
+    or a model not read).
 
     The trainer's own parser checks ``args`` at every data-parallel size the range allows; its
     placement check (``check_placement``: one process per GPU, or model_parallel's one process
     per node) sees ``nproc`` and ``gpus``; a ``TRAINERS_KILL_AT`` in ``env`` is checked as the
     trainers will read it; the memory pre-flight (:func:`trainers.torchfree.planner.check_fits`)
-    runs against one device of ``device_memory_gb`` or of ``gpu_type`` (a GPU job must name
-    one), or on CPU-only jobs against ``node_mb`` shared by the node's processes (see
-    :func:`rank_memory`). Models in files (``hf:DIR``, ``MODULE:ATTR``) are read, and so
-    checked for memory, only with ``check_paths``, and never from a bucket (``hf:s3://``).
-    URLs are checked for their scheme only (the scheduler reaches the bucket when it submits).
+    runs here against one device of ``device_memory_gb`` or of ``gpu_type`` (a GPU job must
+    name one); a CPU job's against ``node_mb`` shared by the node's processes (see
+    :func:`rank_memory`) is made here and raised by the schedulers that enforce the request.
+    Models in files (``hf:DIR``, ``MODULE:ATTR``) are read, and so checked for memory, only
+    with ``check_paths``, and never from a bucket (``hf:s3://``). URLs are checked for their
+    scheme only (the scheduler reaches the bucket when it submits).
     """
+    cpu_memory = None
     world_sizes = [n * nproc for n in nodes]
     try:
         entry = trainer_table.trainer(trainer)
@@ -91,18 +97,24 @@ def check_trainer(trainer: str, args: list[str], *, nodes: range, nproc: int, gp
         check_kill_point(env, world_sizes[-1])
         memory, more = rank_memory(nproc, gpus, node_mb, device_memory_gb, gpu_type)
         if (check_paths and not in_store(cfg.model)) or model_kind(cfg.model) == "builtin":
+            refusal = None
             try:
                 check_fits(cfg, trainer, world_sizes[0], nproc, nodes[0], memory,
                            "cuda" if gpus > 0 else "cpu")
             except ConfigError as err:
-                raise ConfigError(f"{err}; or {more}") from None
+                if gpus > 0:
+                    raise ConfigError(f"{err}; or {more}") from None
+                refusal = f"trainers.{trainer}: {err}; or {more}"
+            if gpus == 0:
+                rank_bytes = job_candidate(cfg, trainer, world_sizes[0], "cpu").peak_bytes
+                cpu_memory = CpuMemory(trainer, cfg.model, rank_bytes, nproc, refusal)
     except MissingPathError as err:
         raise ComponentArgumentError(
             f"trainers.{trainer}: {err}; if it exists only where the job runs, pass "
             "--check_paths False") from None
     except ConfigError as err:
         raise ComponentArgumentError(f"trainers.{trainer}: {err}") from None
-    return cfg
+    return cfg, cpu_memory
 
 
 def rank_memory(nproc: int, gpus: int, node_mb: int, device_memory_gb: float,

@@ -25,6 +25,7 @@ from torchx.components.structured_arg import StructuredNameArgument
 from torchx.specs import macros
 
 from components.checks import check_launch_specs, check_trainer, node_range
+from components.cpu_memory import TrainerRole, note_cpu_memory
 from components.errors import ComponentArgumentError
 from components.schedulers.submit import note_stores
 from trainers.torchfree import trainer_table
@@ -122,15 +123,18 @@ def trainer_app(
     min_nodes, max_nodes, nproc = node_range(j)
     gpus, resource = node_resource(h, mounts, cpu, gpu, memMB)
     args = with_output_dir(script_args)
-    cfg = check_trainer(trainer, args, nodes=range(min_nodes, max_nodes + 1), nproc=nproc,
-                        gpus=gpus, node_mb=resource.memMB, env=env, check_paths=check_paths,
-                        device_memory_gb=device_memory_gb, gpu_type=gpu_type)
+    cfg, cpu_memory = check_trainer(trainer, args, nodes=range(min_nodes, max_nodes + 1),
+                                    nproc=nproc, gpus=gpus, node_mb=resource.memMB, env=env,
+                                    check_paths=check_paths,
+                                    device_memory_gb=device_memory_gb, gpu_type=gpu_type)
     app = torchrun_app(trainer_table.trainer(trainer).module, *args, name=trainer, j=j,
                        image=image, resource=resource, env=env, max_retries=max_retries,
                        rdzv_port=rdzv_port, mounts=mounts,
                        signals=parse_signals(cfg.preemption_signals))
     if check_paths:
         note_stores(app.roles[0], cfg)
+    if cpu_memory is not None:
+        note_cpu_memory(app.roles[0], cpu_memory)
     return app
 
 
@@ -177,7 +181,7 @@ def torchrun_app(module: str, *args: str, j: str, name: str | None = None,
     if resource is None:
         cpu, mem_mb = node_request(0, 0, 0)
         resource = specs.resource(cpu=cpu, memMB=mem_mb)
-    role = specs.Role(
+    role = TrainerRole(
         name=role_name,
         image=image,
         entrypoint="bash",

@@ -5,12 +5,13 @@ CORPUS is a ``.txt``, ``.jsonl`` or ``.parquet`` file, a directory or a glob of 
 or in a bucket (``s3://bkt/corpus/``), read by :mod:`trainers.torchfree.corpus` as training
 reads text ``--data``; ``--output`` may be a URL too. The tokenizer (Hugging Face
 ``tokenizers``: GPT-2's byte-level pre-tokenizer and decoder, so any text round-trips) holds
-``<|endoftext|>`` (id 0, the separator between documents), the byte symbols and merges up to
-``--vocab-size`` ids. With ``--vocab-size`` 257 or more it holds all 256 byte symbols, so any
-text round-trips; below (for the 256-id tiny and small models) only the bytes the corpus
-holds, and bytes it never saw are dropped when encoding. Pass the file as ``--tokenizer`` to
-training or ``trainers.prepare_data``. An impossible ``--vocab-size``, an ``--output`` that
-cannot be written and an empty corpus are refused in one line before anything is written.
+``<|endoftext|>`` (id 0, the separator between documents), all 256 byte symbols (so any text
+round-trips) and merges up to ``--vocab-size`` ids. Pass the file as ``--tokenizer`` to
+training or ``trainers.prepare_data``. A ``--vocab-size`` below 257 (the byte symbols and
+``<|endoftext|>``: a smaller one would drop bytes when encoding) or above :data:`MAX_VOCAB`,
+an ``--output`` that cannot be written and an empty corpus are refused in one line before
+anything is written; the 256-id ``tiny`` and ``small`` models read text through
+``--tokenizer bytes`` instead.
 """
 
 from __future__ import annotations
@@ -42,23 +43,20 @@ MAX_VOCAB = 1 << 24
 
 def train_tokenizer(files: Sequence[RunPath], text_field: str, vocab_size: int,
                     output: RunPath) -> int:
-    """Train a byte-level BPE tokenizer of at most ``vocab_size`` ids on ``files`` and save it
-    to ``output``; return its vocabulary size. ConfigError if the corpus holds more distinct
-    bytes than a ``vocab_size`` below :data:`FULL_ALPHABET` leaves room for."""
+    """Train a byte-level BPE tokenizer of at most ``vocab_size`` ids (at least
+    :data:`FULL_ALPHABET`) on ``files``, holding every byte symbol, and save it to ``output``;
+    return its vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.trainers import BpeTrainer
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet() if vocab_size >= FULL_ALPHABET else []
     trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT],
-                         initial_alphabet=alphabet, show_progress=True)
+                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                         show_progress=True)
     tokenizer.train_from_iterator(texts(files, text_field), trainer=trainer)
     trained = tokenizer.get_vocab_size(with_added_tokens=True)
-    if trained > vocab_size:
-        raise ConfigError(f"the corpus holds {trained - 1} distinct bytes, more than --vocab-size "
-                          f"{vocab_size} leaves room for; pass --vocab-size {trained} or more")
     write_bytes_atomic(output, tokenizer.to_str(pretty=True).encode())
     return trained
 
@@ -69,17 +67,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("corpus", nargs="+",
                         help=".txt, .jsonl or .parquet file, directory or glob (quote it)")
     parser.add_argument("--vocab-size", type=int, required=True,
-                        help=f"ids in the tokenizer (at most the model's; >= {FULL_ALPHABET} "
-                        "to hold every byte)")
+                        help=f"ids in the tokenizer (at least {FULL_ALPHABET}: the 256 bytes "
+                        f"and {END_OF_TEXT}; at most the model's)")
     parser.add_argument("--output", required=True,
                         help="tokenizer.json to write (a path or an s3:// URL)")
     parser.add_argument("--text-field", default=DEFAULT_TEXT_FIELD,
                         help="the .jsonl field or .parquet column holding each document's text")
     with exit_on_config_error(PROG):
         args = parser.parse_args(argv)
-        if args.vocab_size < 2:
-            raise ConfigError(f"--vocab-size {args.vocab_size} leaves no room for {END_OF_TEXT} "
-                              f"and text; pass --vocab-size {FULL_ALPHABET} or more")
+        if args.vocab_size < FULL_ALPHABET:
+            raise ConfigError(f"--vocab-size {args.vocab_size} cannot hold the 256 byte symbols "
+                              f"and {END_OF_TEXT}; pass --vocab-size {FULL_ALPHABET} or more (a "
+                              "256-id model such as tiny reads text with --tokenizer bytes)")
         if args.vocab_size > MAX_VOCAB:
             raise ConfigError(f"--vocab-size {args.vocab_size}: the trainer would allocate about "
                               f"70 bytes per id up front; pass --vocab-size {MAX_VOCAB} or less "

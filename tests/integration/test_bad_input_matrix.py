@@ -240,6 +240,11 @@ ROWS = [
         j="2x8",
         trainer=("--model", "7b", "--batch-size", "16"), exact=False,
         ends="; or pass more --memMB (now 4096 MB per node, shared by 8 processes)"),
+    Row("cpu-job-over-the-hosts-memory", "local_cwd", "fsdp",
+        "trainers.fsdp: --model 7b needs 23.95 GiB per rank, 383.27 GiB for the job's 16 "
+        "processes on this host, which has ", j="2x8",
+        trainer=("--model", "7b", "--batch-size", "16"), exact=False,
+        ends="; pass fewer processes (-j), a smaller --batch-size or --model, or free memory"),
     # launch options, read strictly before TorchX parses them
     Row("bool-option-not-a-bool", "local_cwd", "ddp",
         "ddp: --check_paths nope: not a bool; pass --check_paths True or --check_paths False",

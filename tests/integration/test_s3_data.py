@@ -26,6 +26,7 @@ from tests.support.runs import REPO, TINY, assert_close, child_env, losses, run_
 from trainers.core.batch_stream import BatchStream
 from trainers.core.data import TokenFileDataset, tokenized_text
 from trainers.core.distributed import DistEnv
+from trainers.models.huggingface import tiny_llama_config
 from trainers.prepare_data import main as prepare_data
 from trainers.torchfree.config import parse_config
 from trainers.torchfree.corpus import resolve_files, tokenize_corpus
@@ -274,22 +275,23 @@ def test_data_from_the_bucket_trains_and_resumes_like_the_same_data_on_disk(s3, 
     corpus = write_corpus(tmp_path)
     text_url, tokenizer_url = upload_tree(s3, corpus, "corpus"), s3.url("tokenizer.json")
     command("trainers.train_tokenizer", text_url, "--text-field", "body", "--vocab-size",
-            "256", "--output", tokenizer_url)
+            "300", "--output", tokenizer_url)
+    runs = [*RESUMABLE, "--model", "hf:" + str(tiny_llama_config(tmp_path / "model", 300))]
     tokens = tmp_path / "tokens.bin"
     command("trainers.prepare_data", str(corpus), str(tokens), "--tokenizer", tokenizer_url,
             "--text-field", "body")
     tokens_url = upload(s3, "tokens.bin", tokens.read_bytes())
     on_disk, bucket, resumed, text = (tmp_path / n for n in ("disk", "bucket", "again", "text"))
-    run_trainer([*RESUMABLE, "--data", str(tokens), "--output-dir", str(on_disk)])
-    run_trainer([*RESUMABLE, "--data", tokens_url, "--output-dir", str(bucket)])
+    run_trainer([*runs, "--data", str(tokens), "--output-dir", str(on_disk)])
+    run_trainer([*runs, "--data", tokens_url, "--output-dir", str(bucket)])
     assert losses(bucket) == losses(on_disk)
     step_4 = str(bucket / "checkpoints" / "step_00000004")
     after_4 = {s: v for s, v in losses(on_disk).items() if s > 4}
-    proc = run_trainer([*RESUMABLE, "--data", tokens_url, "--output-dir", str(resumed),
+    proc = run_trainer([*runs, "--data", tokens_url, "--output-dir", str(resumed),
                         "--num-workers", "2", "--resume", step_4])
     assert "at step 4" in proc.stdout
     assert_close(losses(resumed), after_4, rel=0)
-    proc = run_trainer([*RESUMABLE, "--data", text_url, "--text-field", "body", "--tokenizer",
+    proc = run_trainer([*runs, "--data", text_url, "--text-field", "body", "--tokenizer",
                         tokenizer_url, "--output-dir", str(text), "--resume", step_4])
     assert "at step 4" in proc.stdout
     assert_close(losses(text), after_4, rel=0)

@@ -148,8 +148,10 @@ def test_a_dry_run_never_reads_a_buckets_model(tmp_path):
     from components.checks import check_trainer
 
     args = ["--model", "hf:s3://no-such-bucket/m", "--output-dir", str(tmp_path / "run")]
-    cfg = check_trainer("ddp", args, nodes=range(1, 2), nproc=2, gpus=0, node_mb=8192,
-                        env=None, check_paths=True, device_memory_gb=0, gpu_type=None)
+    cfg, cpu_memory = check_trainer("ddp", args, nodes=range(1, 2), nproc=2, gpus=0,
+                                    node_mb=8192, env=None, check_paths=True,
+                                    device_memory_gb=0, gpu_type=None)
+    assert cpu_memory is None  # a bucket's model is priced by nobody before it is read
     assert cfg.model == "hf:s3://no-such-bucket/m"
     with pytest.raises(ConfigError, match="unknown storage scheme foo://"):
         parse_config(["--model", "hf:foo://b/m"], "ddp", check_paths=True, reach_stores=False)
