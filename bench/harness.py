@@ -242,7 +242,8 @@ def main(bench: ModuleType | None = None, argv: Sequence[str] | None = None) -> 
         return 0
     name, overrides = bench.__spec__.name.rpartition(".")[2], getattr(bench, "OVERRIDES", {})
     parser = argparse.ArgumentParser(prog=f"python -m bench.{name}",
-                                     description=bench.__doc__.splitlines()[0])
+                                     description=bench.__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke check: tiny sizes, a few steps; writes {name}_quick.json")
     parser.add_argument("--output", type=Path, help=f"default: bench/results/{name}.json")

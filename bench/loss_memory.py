@@ -39,7 +39,8 @@ def measure(vocab: int, tokens: int, dtype: str, loss: str) -> dict[str, object]
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.loss_memory",
-                                     description=__doc__.splitlines()[0])
+                                     description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")

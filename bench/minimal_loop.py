@@ -51,7 +51,8 @@ def run(model_name: str, batch_size: int, steps: int) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.minimal_loop",
-                                     description=__doc__.splitlines()[0])
+                                     description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("--model", default="small", choices=sorted(MODEL_SIZES))
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)

@@ -45,7 +45,8 @@ def measure_peak(sizes: Sequence[int] = SIZES, seconds: float = 2.0,
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.peak",
-                                     description=__doc__.splitlines()[0])
+                                     description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="matrix sides")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds of samples per size")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",

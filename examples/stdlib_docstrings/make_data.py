@@ -110,7 +110,8 @@ def build(root: Path, tokenizer: TextTokenizer, seq_len: int,
 def main(argv: list[str] | None = None) -> None:
     """Parse, build, write; one line and exit 2 for a tokenizer that does not load, no
     training record, or no held-out ``--sample-function``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("tokenizer", help="the tokenizer.json the fine-tuning run reads")
     parser.add_argument("out", type=Path, help="folder for instructions.jsonl and prompt.txt")
     parser.add_argument("--seq-len", type=int, default=256,

@@ -24,7 +24,7 @@ import pytest
 from tests.support.runs import REPO, child_env
 
 # The words by which an error line of ours names its fix (argparse's own lines name the option).
-FIX = re.compile(r"\b(pass|drop|pick|run it with)\b|e\.g\.")
+FIX = re.compile(r"\b(pass|drop|pick|run it with|did you mean)\b|e\.g\.")
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,9 @@ ROWS = [
           ("empty.txt out.bin", "empty.txt is empty: no text to tokenize; pass non-empty files"),
           ("text.txt new.bin --tokenizer nosuch.json", "--tokenizer nosuch.json: no such file"),
           ("text.txt new.bin --tokenizer text.txt", "--tokenizer text.txt does not load"),
-          ("text.txt new.bin --bogus", "unrecognized arguments: --bogus; pass only options")),
+          ("text.txt new.bin --bogus", "unrecognized arguments: --bogus; pass only options"),
+          ("text.txt new.bin --tok bytes", "unrecognized arguments: --tok bytes; did you mean "
+           "--tokenizer? (`python -m trainers.prepare_data --help` lists the options)")),
     *rows("train_tokenizer",
           ("text.txt --output tok.json", "the following arguments are required: --vocab-size",
            False),

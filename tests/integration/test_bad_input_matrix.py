@@ -127,6 +127,9 @@ ROWS = [
     Row("unknown-trainer-option", "local_cwd", "fsdp",
         "trainers.fsdp: unrecognized arguments: --learning-rate 0.1; pass only options that "
         "`python -m trainers.fsdp --help` lists", trainer=("--learning-rate", "0.1")),
+    Row("abbreviated-trainer-option", "local_cwd", "ddp",
+        "trainers.ddp: unrecognized arguments: --check 5; did you mean --checkpoint-every? "
+        "(`python -m trainers.ddp --help` lists the options)", trainer=("--check", "5")),
     Row("model-parallel-bad-device", "local_cwd", "model_parallel",
         "trainers.model_parallel: --devices gpu0,gpu1: 'gpu0' is not a device; list cpu or "
         "cuda:N entries, e.g. cuda:0,cuda:1", j="1x1", trainer=("--devices", "gpu0,gpu1")),

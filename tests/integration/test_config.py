@@ -441,6 +441,26 @@ def test_help_shows_the_trainers_own_options_once_each(name):
     assert all(entry.count("(default:") <= 1 for entry in entries)
     assert "(default: )" not in text
     assert f"(default: outputs/{name})" in " ".join(text.split())
+    # the shared options first, then exactly the options this trainer owns
+    shared, own = text.split("\noptions of every trainer:\n")[1].split(
+        f"\noptions of trainers.{name}:\n")
+    assert "--model" in shared and "--output-dir" in shared
+    owned = {"--" + o.replace("_", "-") for o in TRAINERS[name].options}
+    assert set(re.findall(r"^  (--[a-z-]+)", own, re.MULTILINE)) - {
+        "--no-" + flag[2:] for flag in owned} == owned
+
+
+@pytest.mark.parametrize("given, meant", [
+    ("--check", "--checkpoint-every"), ("--ste", "--steps"),
+    ("--chekpoint-every", "--checkpoint-every"), ("--lora", "--lora-alpha or --lora-dropout or "
+                                                  "--lora-rank or --lora-targets")])
+def test_an_option_is_never_abbreviated_and_a_misspelt_one_names_the_closest(tmp_path, given,
+                                                                               meant):
+    """``--check 5`` is not ``--checkpoint-every 5`` (argparse's abbreviations are off)."""
+    with pytest.raises(ConfigError) as refused:
+        parse(given, "5", tmp=tmp_path)
+    assert str(refused.value) == (f"unrecognized arguments: {given} 5; did you mean {meant}? "
+                                  "(`python -m trainers.ddp --help` lists the options)")
 
 
 def test_an_option_hidden_from_help_is_refused_naming_its_trainer(tmp_path):

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from components.cpu_memory import check_cpu_memory
 from components.ddp import ddp
 from components.errors import ComponentArgumentError
 from components.fsdp import fsdp
@@ -219,8 +220,11 @@ def test_components_refuse_a_job_that_cannot_fit():
                                                      r"per rank, devices have 16.00 "
                                                      r"\(14.40 usable\); try trainers.fsdp"):
         ddp("--model", "1b", "--dtype", "bf16", gpu=8, j="1x8", device_memory_gb=16)
+    # A CPU node of 4096 MB for 2 processes: refused by a scheduler that enforces the request
+    # (components/cpu_memory.py), in the dry run before anything is submitted.
+    (role,) = fsdp("--model", "1b").roles
     with pytest.raises(ComponentArgumentError, match="no configuration fits 2.0 GiB"):
-        fsdp("--model", "1b")  # CPU node of 4096 MB for 2 processes
+        check_cpu_memory("slurm", role)
     pipeline("--model", "small", "--pp", "2", "--schedule", "1f1b", "--microbatches", "8",
              "--batch-size", "8")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -60,12 +61,36 @@ class _Repeatable(argparse.Action):
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are raised as ConfigError, so that :func:`exit_on_config_error`
-    reports them in a single ``prog: error: ...`` line."""
+    reports them in a single ``prog: error: ...`` line. Options are never abbreviated (``--check
+    5`` is not ``--checkpoint-every 5``): an unknown one is refused, naming the closest."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        if message.startswith("unrecognized arguments"):
-            message += f"; pass only options that `python -m {self.prog} --help` lists"
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            closest = self.closest_option(message[len(prefix):].split()[0])
+            if closest:
+                message += (f"; did you mean {closest}? (`python -m {self.prog} --help` lists "
+                            "the options)")
+            else:
+                message += f"; pass only options that `python -m {self.prog} --help` lists"
         raise ConfigError(message)
+
+    def closest_option(self, given: str) -> str | None:
+        """The option ``given`` (an unknown argument) most likely meant: the one it abbreviates
+        (several: all of them), else the most similar spelling; None for no option or none
+        close."""
+        if not given.startswith("--"):
+            return None
+        name = given.split("=", 1)[0]
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        started = sorted(o for o in options if o.startswith(name))
+        if started:
+            return " or ".join(started)
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+        return close[0] if close else None
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -79,17 +104,20 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser(name: str) -> argparse.ArgumentParser:
     """The parser of trainer ``name``: every :class:`TrainConfig` field, with ``--help`` from
-    its metadata. ``--help`` lists the options this trainer serves; those only other trainers
-    serve are still parsed (so that passing one gets the one-line error naming the trainer
-    that serves it) but hidden."""
+    its metadata. ``--help`` lists the options this trainer serves, those every trainer serves
+    first, then its own; those only other trainers serve are still parsed (so that passing one
+    gets the one-line error naming the trainer that serves it) but hidden."""
     entry = trainer(name)
     parser = OneLineParser(prog=entry.module, description=f"{entry.summary}. {entry.when}",
                            formatter_class=_HelpFormatter)
+    groups = {"shared": parser.add_argument_group("options of every trainer"),
+              "own": parser.add_argument_group(f"options of {entry.module}")}
     hints = get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         kind = hints[f.name]
         owners = serving(f.name)
         shown = not owners or name in owners
+        group = groups["own" if owners else "shared"]
         kwargs: dict[str, Any] = {"default": f.default,
                                   "help": f.metadata["help"] if shown else argparse.SUPPRESS,
                                   "type": _str2bool if kind is bool else kind}
@@ -104,9 +132,9 @@ def build_parser(name: str) -> argparse.ArgumentParser:
             kwargs["const"] = True
             kwargs["metavar"] = "BOOL"
         flag = "--" + f.name.replace("_", "-")
-        parser.add_argument(flag, **kwargs)
+        group.add_argument(flag, **kwargs)
         if f.metadata.get("negatable"):
-            parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false",
+            group.add_argument("--no-" + flag[2:], dest=f.name, action="store_false",
                                 default=argparse.SUPPRESS,
                                 help=f"same as {flag} false" if shown else argparse.SUPPRESS)
     return parser
