@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -265,7 +265,7 @@ def main(bench: ModuleType | None = None, argv: Sequence[str] | None = None) -> 
     report: dict[str, Any] = {
         "benchmark": f"bench.{name}", "command": f"{parser.prog} {shlex.join(argv)}".strip(),
         "schema": 1, "quick": args.quick,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": host_info(),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"), "host": host_info(),
         "plan": dataclasses.asdict(plan), "threads_per_process": torch.get_num_threads()}
     started, scratch = time.perf_counter(), Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     progress(f"scratch directory {scratch}")

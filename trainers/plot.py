@@ -57,5 +57,11 @@ def main(argv: Sequence[str] | None = None) -> RunPath:
     return output
 
 
+def cli() -> None:
+    """The ``ttx-plot`` console script: :func:`main` (a console script exits with what its
+    function returns)."""
+    main()
+
+
 if __name__ == "__main__":
     main()

@@ -209,5 +209,11 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         return report(opts, cfg, ordered)
 
 
+def cli() -> None:
+    """The ``ttx-scaling`` console script: :func:`main` (a console script exits with what its
+    function returns)."""
+    main()
+
+
 if __name__ == "__main__":
     main()

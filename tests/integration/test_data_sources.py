@@ -240,3 +240,17 @@ def test_a_text_source_resumes_at_another_data_parallel_size(tmp_path):
                         str(whole / "checkpoints" / "step_00000004")])
     assert "at step 4" in proc.stdout
     assert_close(losses(resumed), {s: v for s, v in losses(whole).items() if s > 4})
+
+
+def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
+    """pyarrow is in .[parquet], not a core dependency: a .parquet --data without it is refused
+    in one line naming the extra, before anything runs."""
+    corpus = write_corpus(tmp_path, "parquet")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(ConfigError) as refused:
+        parse_config(["--data", str(corpus), "--text-field", "body", "--output-dir",
+                      str(tmp_path / "run")], "ddp", [1])
+    assert str(refused.value) == (f"{corpus}: reading Parquet needs pyarrow, which is not "
+                                  "installed; pip install -e '.[parquet]', or pass .txt or "
+                                  ".jsonl files")

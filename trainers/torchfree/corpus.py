@@ -176,10 +176,22 @@ def _jsonl_texts(path: RunPath, text_field: str) -> Iterator[str]:
         yield text
 
 
+def _pyarrow(path: RunPath) -> Any:
+    """The pyarrow module, with its parquet module imported; ConfigError naming the extra that
+    installs it when it is not installed (only Parquet files need it)."""
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{path}: reading Parquet needs pyarrow, which is not installed; "
+                          "pip install -e '.[parquet]', or pass .txt or .jsonl files") from None
+    return pyarrow
+
+
 def _parquet_file(path: RunPath) -> Any:
     """``path`` opened with pyarrow's ParquetFile; ConfigError if it does not read."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa = _pyarrow(path)
+    pq = pa.parquet
 
     try:
         return (pq.ParquetFile(path.path, filesystem=path.fs) if is_remote(path)
@@ -191,7 +203,7 @@ def _parquet_file(path: RunPath) -> Any:
 
 def _parquet_column(path: RunPath, text_field: str) -> Any:
     """``path`` opened with pyarrow, checked to hold string column ``text_field``."""
-    import pyarrow as pa
+    pa = _pyarrow(path)
 
     parquet = _parquet_file(path)
     schema = parquet.schema_arrow
