@@ -321,7 +321,8 @@ def bad_data_files(tmp: Path) -> None:
     (tmp / "chat.jsonl").write_text(json.dumps({"conversation": turns}) + "\n")
     (tmp / "roles.jsonl").write_text(json.dumps({"messages": [
         {"role": "narrator", "content": "once"}, *turns]}) + "\n")
-    (tmp / "long.jsonl").write_text(json.dumps({"prompt": "p" * 100, "completion": "c"}) + "\n")
+    (tmp / "long.jsonl").write_text("".join(json.dumps({"prompt": "p" * n, "completion": "c"})
+                                            + "\n" for n in (100, 120)))
     (tmp / "pairs.jsonl").write_text(2 * (json.dumps({"prompt": "p", "completion": "c"}) + "\n"))
     np.array([1, 2, 300], dtype=np.uint16).tofile(tmp / "raw.bin")
     np.arange(200, dtype=np.uint16).tofile(tmp / "small.bin")
@@ -383,8 +384,16 @@ def bad_data_files(tmp: Path) -> None:
      "the --messages-field that holds them"),
     (["--data", "{tmp}/roles.jsonl"], "{tmp}/roles.jsonl:1: the chat template refuses it: the "
      "chat template knows the roles system, user and assistant, not narrator"),
-    (["--data", "{tmp}/long.jsonl"], r"{tmp}/long.jsonl:1: --seq-len 64 cuts the whole "
-     r"completion \(it starts after 100 tokens\); raise --seq-len or shorten the prompt"),
+    (["--data", "{tmp}/long.jsonl"], "--seq-len 64 cuts the whole completion of all 2 samples "
+     "of --data {tmp}/long.jsonl; pass --seq-len 120 or more, or shorten the prompts"),
+    (["--data", "{tmp}/long.jsonl", "--long-samples", "error"], r"{tmp}/long.jsonl:1: --seq-len "
+     r"64 cuts the whole completion \(it starts after 100 tokens\); raise --seq-len or shorten "
+     "the prompt"),
+    (["--long-samples", "error"], "--long-samples applies only to instruction and chat --data "
+     ".*, not synthetic data; drop --long-samples"),
+    (["--data", "{tmp}/plain.txt", "--long-samples", "error"], "--long-samples applies to "
+     "instruction and chat samples, and --data {tmp}/plain.txt is read as text .*; drop "
+     "--long-samples"),
     (["--data", "{tmp}/long.jsonl", "--messages-field", "turns"], "--messages-field applies to "
      "chat data, and --data {tmp}/long.jsonl is read as prompt_completion; drop"),
     (["--data-format", "chat"], "--data-format applies only to text --data .*, not synthetic "

@@ -113,9 +113,12 @@ def test_the_format_is_detected_and_its_options_checked(tmp_path):
      "data.jsonl:1: the chat template refuses it: the chat template knows the roles system, "
      "user and assistant, not tool"),
     ([{"messages": CHAT[:2]}], {}, "data.jsonl:1: the conversation has no assistant turn"),
-    ([{"prompt": "x" * 80, "completion": "y"}], {},
+    ([{"prompt": "x" * 80, "completion": "y"}], {"long_samples": "error"},
      "data.jsonl:1: --seq-len 64 cuts the whole completion .it starts after 80 tokens.; raise "
      "--seq-len or shorten the prompt"),
+    ([{"prompt": "", "completion": ""}], {},
+     "data.jsonl:1: the sample has nothing to learn .no completion token after its first "
+     "token.; give it a completion or drop it"),
 ])
 def test_bad_samples_are_named(tmp_path, rows, options, message):
     write_jsonl(tmp_path / "data.jsonl", rows + [{"prompt": "a", "completion": "b"}])
@@ -134,6 +137,61 @@ def test_a_template_that_drops_a_role_is_refused():
                                           "--chat-template that knows it"):
         data.chat_segments(CHAT, template)
     assert data.chat_segments(CHAT[1:], template)[1] == ("4\n", True)
+
+
+def pairs(tmp_path: Path, prompts: list[int], **options) -> tuple[data.Samples, TrainConfig]:
+    """Prompt/completion samples with prompts of ``prompts`` bytes (completion ``c`` + the
+    sample's number), tokenized (bytes), and their config (--seq-len 64)."""
+    write_jsonl(tmp_path / "data.jsonl", [{"prompt": "p" * length, "completion": f"c{i}"}
+                                          for i, length in enumerate(prompts)])
+    cfg = config(tmp_path, **options)
+    files = [location(tmp_path / "data.jsonl")]
+    return data.tokenize_samples(files, data.PROMPT_COMPLETION, cfg, load_tokenizer("bytes")), cfg
+
+
+def test_samples_whose_completion_the_window_cuts_are_skipped(tmp_path):
+    """By default the samples --seq-len leaves no completion token of are left out, the others
+    kept in order, and what was skipped is said in one line; --long-samples error refuses the
+    first, as ever; a run left with fewer than two samples is refused in one line."""
+    tokenized, cfg = pairs(tmp_path, [3, 80, 5, 90, 7])
+    kept = data.kept_samples(tokenized, cfg, "cache")
+    texts = [bytes(kept.ids[a:b - 1].tolist())
+             for a, b in zip(kept.starts[:-1], kept.starts[1:], strict=True)]
+    assert texts == [b"pppc0", b"pppppc2", b"pppppppc4"]
+    assert kept.skipped == data.Skipped(count=2, total=5, seq_len=64, longest=90)
+    assert kept.skipped.line() == (
+        "skipped 2 of 5 samples: --seq-len 64 cuts their whole completion (the longest prompt "
+        "is 90 tokens); --seq-len 90 keeps them all, --long-samples error refuses them")
+    assert data.kept_samples(tokenized, dataclasses.replace(cfg, seq_len=90), "cache") \
+        .skipped is None
+    with pytest.raises(ConfigError, match=r"^cache sample 2: --seq-len 64 cuts the whole "
+                                          r"completion \(it starts after 80 tokens\); raise "
+                                          "--seq-len or shorten the prompt$"):
+        data.kept_samples(tokenized, dataclasses.replace(cfg, long_samples="error"), "cache")
+    for prompts, which in (([80, 90], "all 2 samples"),
+                           ([3, 80, 90], "2 of the 3 samples")):
+        left = ", leaving one .two are needed: one is held out." if len(prompts) == 3 else ""
+        tokenized, cfg = pairs(tmp_path, prompts)
+        with pytest.raises(ConfigError, match=f"^--seq-len 64 cuts the whole completion of "
+                                              f"{which} of --data .*data.jsonl{left}; pass "
+                                              "--seq-len 90 or more, or shorten the prompts$"):
+            data.kept_samples(tokenized, cfg, "cache")
+
+
+def test_prompt_lengths_say_which_samples_a_window_cuts():
+    """A sample keeps a target in the loss at --seq-len N (check_window) exactly when its
+    prompt length is N or less, whatever its flags."""
+    rng = np.random.default_rng(0)
+    flags = [rng.random(length) < 0.3 for length in rng.integers(2, 20, size=40)]
+    for loss in flags:
+        loss[rng.integers(1, len(loss))] = True
+    lengths = [len(loss) for loss in flags]
+    tokenized = data.Samples(np.zeros(sum(lengths), np.int64), np.concatenate(flags),
+                             np.concatenate([[0], np.cumsum(lengths)]), 256)
+    prompts = data.prompt_lengths(tokenized)
+    for seq_len in range(1, 21):
+        kept = [loss[1:seq_len + 1].any() for loss in flags]
+        assert kept == (prompts <= seq_len).tolist()
 
 
 def samples(lengths: list[int], prompt: int = 2) -> data.Samples:

@@ -32,7 +32,7 @@ from trainers.torchfree.data_source import (
 )
 from trainers.torchfree.instruction_data import (
     Samples,
-    check_samples,
+    kept_samples,
     packs,
     read_samples,
     tokenize_samples,
@@ -279,13 +279,18 @@ def tokenized_text(cfg: TrainConfig, env: DistEnv) -> TokenArray:
 
 def tokenized_samples(cfg: TrainConfig, env: DistEnv) -> Samples:
     """The cached samples of instruction ``--data``, written if missing as
-    :func:`tokenized_text` writes a token file, and checked against ``--seq-len``."""
+    :func:`tokenized_text` writes a token file, less those whose whole completion ``--seq-len``
+    cuts (:func:`~trainers.torchfree.instruction_data.kept_samples`: every rank reads the same
+    cache and keeps the same samples)."""
     files, tokenizer, fmt, cache = instruction_source(cfg)
     writer = env.rank == 0 if is_remote(cache) else env.local_rank == 0
     if writer and not cache.is_file():
         write_samples(cache, tokenize_samples(files, fmt, cfg, tokenizer))
     if dist.is_initialized():
         dist.barrier()
-    samples = read_samples(cache)
-    check_samples(samples, cfg.seq_len, str(cache))
-    return samples
+    return kept_samples(read_samples(cache), cfg, str(cache))
+
+
+def dataset_samples(dataset: Dataset[Batch]) -> Samples | None:
+    """The instruction samples ``dataset`` draws from; None for windows of tokens."""
+    return dataset.samples if isinstance(dataset, InstructionDataset | PackedDataset) else None

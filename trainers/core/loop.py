@@ -45,7 +45,7 @@ from torch.distributed.tensor import DTensor
 from trainers.core.batch_stream import BatchStream, eval_batches
 from trainers.core.checkpoint import Checkpointer
 from trainers.core.checkpoint_state import ModelAndOptimizer, Progress, RankRNG
-from trainers.core.data import InstructionDataset, build_datasets
+from trainers.core.data import InstructionDataset, build_datasets, dataset_samples
 from trainers.core.distributed import DistEnv
 from trainers.core.metrics import (
     MetricsWriter,
@@ -160,7 +160,8 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
 def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
               shape: ModelConfig) -> tuple[Run, RunState]:
     """Data, optimizer and checkpointer of ``strategy``'s model; the checkpoint resumed, if
-    any; the metrics sink and what MFU is measured against."""
+    any; the metrics sink (which gets the line about instruction samples skipped, if any) and
+    what MFU is measured against."""
     run_dir = location(cfg.output_dir)
     train_set, val_set = build_datasets(cfg, env)
     micro = cfg.micro_batch(strategy.dp_size)
@@ -189,6 +190,9 @@ def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
     writer = MetricsWriter(run_dir, env.is_main, chosen_trackers(cfg.tracker, cfg.tensorboard),
                            progress.step, cfg.steps)
     writer.print(f"run directory: {run_dir.resolve()}")
+    samples = dataset_samples(train_set)
+    if samples is not None and samples.skipped is not None:
+        writer.print(samples.skipped.line())
     if saved is not None:
         writer.print(f"resumed from {resume_from} at step {progress.step}")
         for line in resume_notes(saved["config"], cfg, progress.step, facts.schedule_steps):

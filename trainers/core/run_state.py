@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from trainers.core.batch_stream import BatchStream
 from trainers.core.checkpoint import Checkpointer
 from trainers.core.checkpoint_state import Progress
-from trainers.core.data import Batch, MarkovChainDataset
+from trainers.core.data import Batch, MarkovChainDataset, dataset_samples
 from trainers.core.distributed import DistEnv
 from trainers.core.metrics import MetricsWriter, bf16_matmul_hardware, measure_peak_flops
 from trainers.core.strategy import Strategy
@@ -170,7 +170,8 @@ def resume_notes(saved: dict[str, Any], cfg: TrainConfig, start_step: int,
 
 def summarize(run: Run, state: RunState, wall_time: float) -> dict[str, Any]:
     """Final figures; throughput and MFU from the tokens and time of the steps after 3 warm-up
-    steps of this attempt; the first loss is the run's (its first attempt's, when resumed)."""
+    steps of this attempt; the first loss is the run's (its first attempt's, when resumed);
+    with instruction data, the samples skipped (``--long-samples skip``)."""
     cfg, history = run.cfg, state.history
     if not history:
         return {"steps": state.start_step, "note": "already complete"}
@@ -200,4 +201,7 @@ def summarize(run: Run, state: RunState, wall_time: float) -> dict[str, Any]:
         summary["final_eval_loss"] = evals[-1]
     if isinstance(run.train_set, MarkovChainDataset):
         summary["loss_floor"] = run.train_set.entropy_rate()
+    samples = dataset_samples(run.train_set)
+    if samples is not None:
+        summary["skipped_samples"] = samples.skipped.count if samples.skipped else 0
     return summary

@@ -85,6 +85,9 @@ def check_data_options(cfg: TrainConfig) -> None:
     if cfg.batching != "auto" and kind != TEXT:
         raise ConfigError(f"--batching applies only to instruction and chat --data (.jsonl or "
                           f".parquet samples), not {given_data}; drop --batching")
+    if cfg.long_samples != samples.SKIP and kind != TEXT:
+        raise ConfigError(f"--long-samples applies only to instruction and chat --data (.jsonl "
+                          f"or .parquet samples), not {given_data}; drop --long-samples")
     if cfg.data_format != "auto" and kind != TEXT:
         raise ConfigError(f"--data-format applies only to text --data (.txt, .jsonl or "
                           f".parquet files), not {given_data}; drop --data-format")
@@ -110,6 +113,7 @@ def instruction_source(cfg: TrainConfig) -> tuple[list[RunPath], TextTokenizer, 
     fmt = samples.data_format(cfg, files)
     samples.check_format_options(cfg, fmt)
     samples.check_batching(cfg, fmt)
+    samples.check_long_samples(cfg, fmt)
     if fmt == samples.TEXT:
         return None
     return files, tokenizer, fmt, samples.cache_path(cfg.output_dir, files, tokenizer, fmt, cfg)
@@ -136,8 +140,11 @@ def token_array(cfg: TrainConfig) -> TokenArray:
 
 def check_data(cfg: TrainConfig, model_vocab: int) -> None:
     """Raise ConfigError unless ``--data`` (with its options) trains this model: files exist
-    and read, ids fit the model's vocabulary, there are two sequences or more. A text source
-    not yet cached is checked without tokenizing it: its .jsonl lines and .parquet columns."""
+    and read, ids fit the model's vocabulary, there are two sequences or more (instruction
+    samples: left once those ``--seq-len`` cuts the whole completion of are skipped,
+    :func:`~trainers.torchfree.instruction_data.kept_samples`). A text source not yet cached is
+    checked without tokenizing it: its .jsonl lines and .parquet columns; instruction samples
+    are tokenized."""
     kind = data_kind(cfg)
     if kind == SYNTHETIC:
         return
@@ -147,10 +154,9 @@ def check_data(cfg: TrainConfig, model_vocab: int) -> None:
     if kind == TEXT and (instructions := instruction_source(cfg)) is not None:
         files, tokenizer, fmt, cache = instructions
         check_tokenizer_fits(tokenizer, model_vocab)
-        if cache.is_file():
-            samples.check_samples(samples.read_samples(cache), cfg.seq_len, str(cache))
-        else:
-            samples.tokenize_samples(files, fmt, cfg, tokenizer)
+        tokenized = (samples.read_samples(cache) if cache.is_file()
+                     else samples.tokenize_samples(files, fmt, cfg, tokenizer))
+        samples.kept_samples(tokenized, cfg, str(cache))
         return
     if kind == TEXT:
         files, tokenizer, cache = text_source(cfg)

@@ -17,9 +17,12 @@ A ``.jsonl`` line or ``.parquet`` row is one sample, in one of two formats
 
 Texts are tokenized segment by segment (a segment is in the loss or not as a whole), so the
 mask is exact for any tokenizer. Truncation rule: a sample keeps its first ``--seq-len + 1``
-tokens (inputs and shifted targets); a sample left with no completion token is an error
-naming its record, never dropped. The samples are kept untruncated in one ``.npz`` cache
-(:func:`write_samples`), so ``--seq-len`` can change without tokenizing again.
+tokens (inputs and shifted targets). A sample left with no completion token (its prompt is
+longer than ``--seq-len`` tokens) is skipped (``--long-samples skip``, :func:`kept_samples`: the
+same samples on every rank, one line says how many) or an error naming its record
+(``--long-samples error``); a run it would leave fewer than two samples is refused. The
+samples are kept untruncated in one ``.npz`` cache (:func:`write_samples`), so ``--seq-len``
+can change without tokenizing again.
 
 Needs numpy, and transformers' chat-template renderer (jinja2) for chat data, only once
 samples are tokenized: components import this module to check data before submitting.
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
     from trainers.torchfree.train_config import TrainConfig
 
 TEXT, PROMPT_COMPLETION, CHAT = "text", "prompt_completion", "chat"
+SKIP, ERROR = "skip", "error"  # --long-samples
 CACHE_VERSION = 1  # bump when the same records and options tokenize differently
 # A ChatML-style template for tokenizers without one: the three roles it knows, each turn
 # "<|im_start|>ROLE\nCONTENT<|im_end|>\n"; any other role is refused.
@@ -61,14 +65,34 @@ Segment = tuple[str, bool]  # text, and whether its tokens are in the loss
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """What :func:`kept_samples` left out: ``count`` of ``total`` samples whose whole
+    completion ``--seq-len`` ``seq_len`` cuts; ``longest`` is the longest of their prompts in
+    tokens, which is the ``--seq-len`` that keeps them all."""
+
+    count: int
+    total: int
+    seq_len: int
+    longest: int
+
+    def line(self) -> str:
+        """The one line a run prints about them."""
+        return (f"skipped {self.count} of {self.total} samples: --seq-len {self.seq_len} cuts "
+                f"their whole completion (the longest prompt is {self.longest} tokens); "
+                f"--seq-len {self.longest} keeps them all, --long-samples error refuses them")
+
+
+@dataclass(frozen=True)
 class Samples:
     """Tokenized samples, untruncated: sample ``i`` is ``ids[starts[i]:starts[i + 1]]`` and
-    ``loss[j]`` says whether token ``j`` is a target in the loss."""
+    ``loss[j]`` says whether token ``j`` is a target in the loss. ``skipped``: the samples of
+    the source :func:`kept_samples` left out of these, if any."""
 
     ids: np.ndarray
     loss: np.ndarray
     starts: np.ndarray
     vocab_size: int
+    skipped: Skipped | None = None
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -142,6 +166,14 @@ def check_batching(cfg: TrainConfig, fmt: str) -> None:
     if cfg.pp > 1 or cfg.tp > 1:
         raise ConfigError(f"--batching pack needs the whole model in each rank's forward, and "
                           f"--pp {cfg.pp} --tp {cfg.tp} splits it; pass --batching pad")
+
+
+def check_long_samples(cfg: TrainConfig, fmt: str) -> None:
+    """ConfigError for a ``--long-samples`` given with data that is not instruction samples."""
+    if cfg.long_samples != SKIP and fmt == TEXT:
+        raise ConfigError(f"--long-samples applies to instruction and chat samples, and --data "
+                          f"{cfg.data} is read as text (its windows are cut, never skipped); "
+                          "drop --long-samples")
 
 
 def chat_template(cfg: TrainConfig) -> str:
@@ -267,12 +299,19 @@ def samples_of(files: Sequence[RunPath], fmt: str, cfg: TrainConfig,
 
 def tokenize_samples(files: Sequence[RunPath], fmt: str, cfg: TrainConfig,
                      tokenizer: TextTokenizer) -> Samples:
-    """Every sample of ``files``, checked against ``--seq-len`` (:func:`check_window`)."""
+    """Every sample of ``files``, untruncated; with ``--long-samples error`` each checked
+    against ``--seq-len`` (:func:`check_window`, naming the first record it refuses).
+    ConfigError naming a sample with no target in the loss (nothing after its first token),
+    which no ``--seq-len`` could train on, or for fewer than two samples."""
     import numpy as np
 
     ids, loss, starts = [], [], [0]
     for where, sample_ids, sample_loss in samples_of(files, fmt, cfg, tokenizer):
-        check_window(sample_loss, cfg.seq_len, where)
+        if not sample_loss[1:].any():
+            raise ConfigError(f"{where}: the sample has nothing to learn (no completion token "
+                              "after its first token); give it a completion or drop it")
+        if cfg.long_samples == ERROR:
+            check_window(sample_loss, cfg.seq_len, where)
         ids.append(sample_ids)
         loss.append(sample_loss)
         starts.append(starts[-1] + len(sample_ids))
@@ -285,18 +324,76 @@ def tokenize_samples(files: Sequence[RunPath], fmt: str, cfg: TrainConfig,
 
 def check_window(loss: np.ndarray, seq_len: int, where: str) -> None:
     """ConfigError unless a sample with loss flags ``loss`` keeps a target in the loss once
-    cut to ``seq_len + 1`` tokens (the truncation rule: the first ones are kept)."""
+    cut to ``seq_len + 1`` tokens (the truncation rule: the first ones are kept); ``loss``
+    has a target in the loss somewhere (:func:`tokenize_samples`)."""
     if not loss[1:seq_len + 1].any():
-        prompt = int(loss.argmax()) if loss.any() else len(loss)
+        prompt = int(loss.argmax())
         raise ConfigError(f"{where}: --seq-len {seq_len} cuts the whole completion (it starts "
                           f"after {prompt} tokens); raise --seq-len or shorten the prompt")
 
 
+def prompt_lengths(samples: Samples) -> np.ndarray:
+    """Each sample's prompt length in tokens: the position of its first target in the loss
+    (its first token in the loss after its first token). ``--seq-len`` N keeps a target of
+    the sample (:func:`check_window`) exactly when this is N or less. Every sample of
+    :func:`tokenize_samples` has such a target; one without would count as longer than any
+    ``--seq-len``."""
+    import numpy as np
+
+    firsts = samples.starts[:-1]
+    counted = samples.loss.copy()
+    counted[firsts] = False  # a sample's first token is an input, never a target
+    hits = np.flatnonzero(counted)
+    owners = np.searchsorted(samples.starts, hits, side="right") - 1
+    found, first_hit = np.unique(owners, return_index=True)
+    lengths = np.full(len(samples), np.iinfo(np.int64).max)
+    lengths[found] = hits[first_hit] - firsts[found]
+    return lengths
+
+
 def check_samples(samples: Samples, seq_len: int, where: str) -> None:
-    """:func:`check_window` for every sample of a cache (``where`` names it)."""
-    for index in range(len(samples)):
+    """:func:`check_window` for every sample of a cache (``where`` names it): ConfigError
+    naming the first sample whose whole completion ``seq_len`` cuts."""
+    import numpy as np
+
+    cut = np.flatnonzero(prompt_lengths(samples) > seq_len)
+    if len(cut):
+        index = int(cut[0])
         span = slice(samples.starts[index], samples.starts[index + 1])
         check_window(samples.loss[span], seq_len, f"{where} sample {index + 1}")
+
+
+def kept_samples(samples: Samples, cfg: TrainConfig, where: str) -> Samples:
+    """``samples`` less those whose whole completion ``--seq-len`` cuts, in the same order,
+    with what was left out as their ``skipped`` (None: nothing). A function of ``samples`` and
+    ``--seq-len`` alone, so every rank keeps the same samples, and a resumed run the ones the
+    run it resumes trained on. ``--long-samples error`` refuses any such sample instead
+    (:func:`check_samples`; ``where`` names ``samples``). ConfigError when fewer than two
+    samples would be left (one is held out for evaluation), naming the ``--seq-len`` that
+    keeps them all."""
+    import numpy as np
+
+    if cfg.long_samples == ERROR:
+        check_samples(samples, cfg.seq_len, where)
+        return samples
+    prompts = prompt_lengths(samples)
+    cut = prompts > cfg.seq_len
+    count, total = int(cut.sum()), len(samples)
+    if not count:
+        return samples
+    longest = int(prompts.max())
+    if total - count < 2:
+        which = f"all {total}" if count == total else f"{count} of the {total}"
+        left = "" if count == total else ", leaving one (two are needed: one is held out)"
+        raise ConfigError(f"--seq-len {cfg.seq_len} cuts the whole completion of {which} "
+                          f"samples of --data {cfg.data}{left}; pass --seq-len {longest} or "
+                          "more, or shorten the prompts")
+    kept = ~cut
+    lengths = samples.lengths()[kept]
+    tokens = np.repeat(kept, samples.lengths())
+    return Samples(samples.ids[tokens], samples.loss[tokens],
+                   np.concatenate([[0], np.cumsum(lengths)]),
+                   samples.vocab_size, Skipped(count, total, cfg.seq_len, longest))
 
 
 def cache_path(output_dir: str, files: Sequence[RunPath], tokenizer: TextTokenizer,

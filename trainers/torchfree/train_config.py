@@ -66,6 +66,11 @@ class TrainConfig:
                          "attention, --pp 1 and --tp 1), 'pad' (one sample a sequence, batches "
                          "of similar lengths cut to their longest); auto: pack where it can, "
                          "else pad", choices=["auto", "pad", "pack"])
+    long_samples: str = _opt("skip", "instruction and chat --data: a sample whose whole "
+                             "completion --seq-len cuts (its prompt is longer than --seq-len "
+                             "tokens): 'skip' it (one line says how many, and the --seq-len "
+                             "that keeps them all; summary.json: skipped_samples), or 'error' "
+                             "(refuse the run, naming it)", choices=["skip", "error"])
     train_samples: int = _opt(8192, "sequences in the synthetic training set")
     val_samples: int = _opt(512, "sequences in the synthetic validation set")
     val_fraction: float = _opt(0.05, "share of the tokens of any --data but synthetic held "
