@@ -36,7 +36,10 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Dependencies first (a layer that survives code changes), all pinned.
+# Dependencies first (a layer that survives code changes), all pinned: torch here, the rest in
+# images/requirements.txt, the lock images/lock resolves from pyproject.toml with this CPU build
+# of torch. --no-deps: nothing outside the lock is installed; the `pip check` below fails the
+# build if the lock lacks anything (a TORCH_SPEC whose dependencies differ, a hand-edited lock).
 # Copied, not bind-mounted: podman caches a RUN by its text, so a changed bind-mounted file
 # would not rebuild this layer.
 COPY images/requirements.txt /tmp/requirements.txt
@@ -44,7 +47,7 @@ RUN --mount=type=bind,source=images/wheels,target=/tmp/wheels \
     --mount=type=secret,id=ca_bundle,required=false \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
     && python3 -m venv "$VIRTUAL_ENV" \
-    && pip install --find-links /tmp/wheels \
+    && pip install --no-deps --find-links /tmp/wheels \
         ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
         "$TORCH_SPEC" -r /tmp/requirements.txt
 
@@ -52,8 +55,11 @@ WORKDIR /opt/torchx-templates
 COPY pyproject.toml README.md .torchxconfig ./
 COPY components/ components/
 COPY trainers/ trainers/
-# A regular (non-editable) install: `python -m trainers.ddp` works from any directory.
+# A regular (non-editable) install: `python -m trainers.ddp` works from any directory. Its
+# dependencies are the lock's, installed above: --no-deps, so that nothing unpinned is fetched
+# here, and `pip check` fails the build if the lock lacks any (regenerate it with images/lock).
 RUN pip install --no-deps --no-build-isolation . \
+    && pip check \
     && rm -rf build ./*.egg-info \
     && install -d -o 1000 -g 1000 outputs
 

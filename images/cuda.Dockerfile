@@ -39,8 +39,11 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Dependencies first (a layer that survives code changes), all pinned; torch pins its CUDA
-# libraries itself.
+# Dependencies first (a layer that survives code changes), all pinned: torch here, the rest in
+# images/requirements.txt, the lock images/lock resolves from pyproject.toml with torch's CPU
+# build. pip resolves this step: the CUDA build adds its CUDA libraries (nvidia-*, triton), which
+# it pins itself; a conflict between TORCH_SPEC and the lock fails here, and the `pip check`
+# below fails the build if the lock lacks one of the repository's dependencies.
 # Copied, not bind-mounted: podman caches a RUN by its text, so a changed bind-mounted file
 # would not rebuild this layer.
 COPY images/requirements.txt /tmp/requirements.txt
@@ -56,8 +59,11 @@ WORKDIR /opt/torchx-templates
 COPY pyproject.toml README.md .torchxconfig ./
 COPY components/ components/
 COPY trainers/ trainers/
-# A regular (non-editable) install: `python -m trainers.ddp` works from any directory.
+# A regular (non-editable) install: `python -m trainers.ddp` works from any directory. Its
+# dependencies are the lock's, installed above: --no-deps, so that nothing unpinned is fetched
+# here, and `pip check` fails the build if the lock lacks any (regenerate it with images/lock).
 RUN pip install --no-deps --no-build-isolation . \
+    && pip check \
     && rm -rf build ./*.egg-info \
     && install -d -o 1000 -g 1000 outputs
 

@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -22,12 +23,22 @@ import uuid
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from components.containers import EngineError, find_engine, image_size, reference_error
+from tests.integration.test_data_sources import write_corpus
 from tests.support import jobset_local
 from tests.support.pod_runner import Eviction, run_args
 from tests.support.runs import REPO, assert_same_run, child_env, torchx_cli, without
 from tests.support.volcano_local import pods, run_job, scheduler_request
+from trainers.torchfree.token_file import read_header
+from trainers.torchfree.tokenizer import load_tokenizer
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
+    import tomli as tomllib
 
 IMAGE = os.environ.get("TORCHX_TEMPLATES_IMAGE", "torchx-templates:cpu")
 OUTPUTS = "/opt/torchx-templates/outputs"
@@ -299,7 +310,7 @@ def test_image_user_and_layout(engine):
                           capture_output=True, text=True, check=True).stdout.strip()
     assert user == "1000:1000"  # numeric: Kubernetes can verify runAsNonRoot
     size = image_size(engine, IMAGE)
-    assert size is not None and size < 1.5e9, f"{IMAGE} is {size} bytes, over 1.5 GB"
+    assert size is not None and size < 1.7e9, f"{IMAGE} is {size} bytes, over 1.7 GB"
 
 
 @pytest.mark.slow
@@ -316,6 +327,65 @@ def test_ddp_trainer_in_a_read_only_container(engine, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     _trained(tmp_path / "run" / "summary.json", world_size=2)
     assert (tmp_path / "run" / "checkpoints" / "step_00000008" / "manifest.json").exists()
+
+
+# pyproject.toml's dependencies whose import name is not the distribution's name in lower case
+# with "-" as "_".
+IMPORT_NAMES = {"pyyaml": "yaml", "universal-pathlib": "upath"}
+# In the image: import each module, print each distribution's version (JSON).
+IMPORT_EACH = """\
+import importlib, importlib.metadata, json, sys
+wanted = json.loads(sys.argv[1])
+for module in wanted.values():
+    importlib.import_module(module)
+print(json.dumps({dist: importlib.metadata.version(dist) for dist in wanted}))
+"""
+
+
+def _core_imports() -> dict[str, str]:
+    """pyproject.toml's [project].dependencies: each distribution's import name."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    names = [canonicalize_name(Requirement(d).name) for d in pyproject["project"]["dependencies"]]
+    return {name: IMPORT_NAMES.get(name, name.replace("-", "_")) for name in names}
+
+
+@pytest.mark.slow
+def test_image_has_every_dependency_and_trains_on_parquet_and_a_tokenizer(engine, tmp_path):
+    """The image installs every dependency pyproject.toml declares (`pip check` passes, each
+    imports), and the trainer reads a .parquet corpus (pyarrow) and text through a
+    tokenizer.json that trainers.train_tokenizer makes there (tokenizers): one read-only
+    container, the corpora written here by tests/integration/test_data_sources.py's helper."""
+    write_corpus(tmp_path, "parquet")
+    write_corpus(tmp_path, "txt")
+    tmp_path.chmod(0o777)
+    imports = _core_imports()
+    assert {"tokenizers", "pyarrow", "tqdm", "torch"} <= set(imports)
+    train = shlex.join(["python", "-m", "trainers.ddp", *TRAIN])
+    script = " && ".join([
+        "pip check",
+        shlex.join(["python", "-c", IMPORT_EACH, json.dumps(imports)]),
+        "python -m trainers.train_tokenizer outputs/txt --vocab-size 256 "
+        "--output outputs/tokenizer.json",
+        f"{train} --data outputs/docs.parquet --text-field body --output-dir outputs/parquet",
+        f"{train} --data outputs/txt --tokenizer outputs/tokenizer.json "
+        "--output-dir outputs/tokenized",
+    ])
+    proc = subprocess.run(
+        [engine, "run", "--rm", "--read-only", "--tmpfs", "/tmp:rw,exec,mode=1777",
+         *ONE_THREAD, "--volume", f"{tmp_path}:{OUTPUTS}", IMAGE, "bash", "-c", script],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "No broken requirements found." in proc.stdout
+    versions = json.loads(next(line for line in proc.stdout.splitlines()
+                               if line.startswith("{")))
+    assert set(versions) == set(imports) and versions["torch"] == "2.13.0+cpu", versions
+    for run in ("parquet", "tokenized"):
+        _trained(tmp_path / run / "summary.json", world_size=1)
+        (tokens,) = (tmp_path / run / "data").glob("tokens-*.bin")  # the text source's cache
+        ids = read_header(tokens).open()
+        if run == "tokenized":  # the tokenizer's ids, not the bytes tokenizer's
+            assert int(ids.max()) < load_tokenizer(str(tmp_path / "tokenizer.json")).vocab_size
+    print(f"in the image: {versions}")
 
 
 @pytest.mark.slow
