@@ -167,6 +167,10 @@ ROWS = [
         "trainers.fsdp: --tokenizer {tmp}/big.json has 1,001 ids, more than the model's "
         "vocabulary of 256; pick a model with a larger vocabulary or train a smaller tokenizer",
         trainer=("--data", "{tmp}/plain.txt", "--tokenizer", "{tmp}/big.json")),
+    Row("every-instruction-sample-too-long", "local_cwd", "ddp",
+        "trainers.ddp: --seq-len 64 cuts the whole completion of all 2 samples of --data "
+        "{tmp}/long.jsonl; pass --seq-len 120 or more, or shorten the prompts",
+        trainer=("--data", "{tmp}/long.jsonl")),
     Row("raw-bin-without-vocab-size", "local_cwd", "ddp",
         "trainers.ddp: a raw .bin --data needs --token-dtype and --vocab-size; pass --vocab-size "
         "N (ids below N)", trainer=("--data", "{tmp}/raw.bin", "--token-dtype", "uint16")),
