@@ -56,7 +56,7 @@ RUN --mount=type=bind,source=images/wheels,target=/tmp/wheels \
         "$TORCH_SPEC" -r /tmp/requirements.txt
 
 WORKDIR /opt/torchx-templates
-COPY pyproject.toml README.md .torchxconfig ./
+COPY pyproject.toml README.md LICENSE .torchxconfig ./
 COPY components/ components/
 COPY trainers/ trainers/
 # A regular (non-editable) install: `python -m trainers.ddp` works from any directory. Its

@@ -31,10 +31,10 @@ from trainers.torchfree.storage import (
     location,
     write_bytes_atomic,
 )
+from trainers.torchfree.tokenizer import BYTE_LEVEL_VOCAB
 
 PROG = "trainers.train_tokenizer"
 END_OF_TEXT = "<|endoftext|>"
-FULL_ALPHABET = 257  # the 256 byte symbols and the end-of-text token
 # The largest --vocab-size: tokenizers' BPE trainer allocates about 70 bytes per requested id
 # up front (10**9 ids: 70 GB, then it aborts the process), and real vocabularies stay under
 # 300,000; a token file would record up to 2**32 - 1.
@@ -44,7 +44,7 @@ MAX_VOCAB = 1 << 24
 def train_tokenizer(files: Sequence[RunPath], text_field: str, vocab_size: int,
                     output: RunPath) -> int:
     """Train a byte-level BPE tokenizer of at most ``vocab_size`` ids (at least
-    :data:`FULL_ALPHABET`) on ``files``, holding every byte symbol, and save it to ``output``;
+    :data:`BYTE_LEVEL_VOCAB`) on ``files``, holding every byte symbol, and save it to ``output``;
     return its vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.trainers import BpeTrainer
@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("corpus", nargs="+",
                         help=".txt, .jsonl or .parquet file, directory or glob (quote it)")
     parser.add_argument("--vocab-size", type=int, required=True,
-                        help=f"ids in the tokenizer (at least {FULL_ALPHABET}: the 256 bytes "
+                        help=f"ids in the tokenizer (at least {BYTE_LEVEL_VOCAB}: the 256 bytes "
                         f"and {END_OF_TEXT}; at most the model's)")
     parser.add_argument("--output", required=True,
                         help="tokenizer.json to write (a path or an s3:// URL)")
@@ -75,9 +75,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="the .jsonl field or .parquet column holding each document's text")
     with exit_on_config_error(PROG):
         args = parser.parse_args(argv)
-        if args.vocab_size < FULL_ALPHABET:
+        if args.vocab_size < BYTE_LEVEL_VOCAB:
             raise ConfigError(f"--vocab-size {args.vocab_size} cannot hold the 256 byte symbols "
-                              f"and {END_OF_TEXT}; pass --vocab-size {FULL_ALPHABET} or more (a "
+                              f"and {END_OF_TEXT}; pass --vocab-size {BYTE_LEVEL_VOCAB} or more (a "
                               "256-id model such as tiny reads text with --tokenizer bytes)")
         if args.vocab_size > MAX_VOCAB:
             raise ConfigError(f"--vocab-size {args.vocab_size}: the trainer would allocate about "

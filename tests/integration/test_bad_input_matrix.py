@@ -165,7 +165,8 @@ ROWS = [
         trainer=("--data", "{tmp}/plain.txt", "--tokenizer", "{tmp}/broken.json"), exact=False),
     Row("tokenizer-vocab-exceeds-model", "local_cwd", "fsdp",
         "trainers.fsdp: --tokenizer {tmp}/big.json has 1,001 ids, more than the model's "
-        "vocabulary of 256; pick a model with a larger vocabulary or train a smaller tokenizer",
+        "vocabulary of 256; pick a model with a larger vocabulary or pass --tokenizer bytes "
+        "(one id per byte)",
         trainer=("--data", "{tmp}/plain.txt", "--tokenizer", "{tmp}/big.json")),
     Row("every-instruction-sample-too-long", "local_cwd", "ddp",
         "trainers.ddp: --seq-len 64 cuts the whole completion of all 2 samples of --data "

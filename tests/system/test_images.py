@@ -32,6 +32,7 @@ from tests.support import jobset_local
 from tests.support.pod_runner import Eviction, run_args
 from tests.support.runs import REPO, assert_same_run, child_env, torchx_cli, without
 from tests.support.volcano_local import pods, run_job, scheduler_request
+from tests.unit.test_image_lock import SCRIPT as LOCK
 from trainers.torchfree.token_file import read_header
 from trainers.torchfree.tokenizer import load_tokenizer
 
@@ -343,9 +344,12 @@ print(json.dumps({dist: importlib.metadata.version(dist) for dist in wanted}))
 
 
 def _core_imports() -> dict[str, str]:
-    """pyproject.toml's [project].dependencies: each distribution's import name."""
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    names = [canonicalize_name(Requirement(d).name) for d in pyproject["project"]["dependencies"]]
+    """pyproject.toml's [project].dependencies and those of the extras the image's lock holds
+    (images/lock's EXTRAS): each distribution's import name."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"],
+              *(d for extra in LOCK.EXTRAS for d in project["optional-dependencies"][extra])]
+    names = [canonicalize_name(Requirement(d).name) for d in wanted]
     return {name: IMPORT_NAMES.get(name, name.replace("-", "_")) for name in names}
 
 
@@ -359,16 +363,17 @@ def test_image_has_every_dependency_and_trains_on_parquet_and_a_tokenizer(engine
     write_corpus(tmp_path, "txt")
     tmp_path.chmod(0o777)
     imports = _core_imports()
-    assert {"tokenizers", "pyarrow", "tqdm", "torch"} <= set(imports)
+    assert {"tokenizers", "pyarrow", "s3fs", "tqdm", "torch"} <= set(imports)
     train = shlex.join(["python", "-m", "trainers.ddp", *TRAIN])
     script = " && ".join([
         "pip check",
         shlex.join(["python", "-c", IMPORT_EACH, json.dumps(imports)]),
-        "python -m trainers.train_tokenizer outputs/txt --vocab-size 256 "
+        "python -m trainers.train_tokenizer outputs/txt --vocab-size 300 "
         "--output outputs/tokenizer.json",
         f"{train} --data outputs/docs.parquet --text-field body --output-dir outputs/parquet",
-        f"{train} --data outputs/txt --tokenizer outputs/tokenizer.json "
-        "--output-dir outputs/tokenized",
+        # llama-small: a built-in model whose 4,096 ids hold the tokenizer's 300
+        f"{train} --data outputs/txt --tokenizer outputs/tokenizer.json --model llama-small "
+        "--seq-len 64 --output-dir outputs/tokenized",
     ])
     proc = subprocess.run(
         [engine, "run", "--rm", "--read-only", "--tmpfs", "/tmp:rw,exec,mode=1777",

@@ -23,6 +23,9 @@ if TYPE_CHECKING:  # numpy loads when text is encoded: components import this mo
 
 BYTES = "bytes"
 BYTES_END_OF_TEXT = 0xFF
+# The smallest byte-level BPE vocabulary (trainers.train_tokenizer): the 256 byte symbols and
+# the end-of-text token.
+BYTE_LEVEL_VOCAB = 257
 END_OF_TEXT = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[EOS]")
 
 
@@ -80,6 +83,8 @@ def load_tokenizer(spec: str) -> TextTokenizer:
 def check_tokenizer_fits(tokenizer: TextTokenizer, model_vocab: int) -> None:
     """Raise ConfigError if ``tokenizer`` makes ids the model has no embedding for."""
     if tokenizer.vocab_size > model_vocab:
+        smaller = ("train a smaller tokenizer" if model_vocab >= BYTE_LEVEL_VOCAB else
+                   "pass --tokenizer bytes (one id per byte)")
         raise ConfigError(f"--tokenizer {tokenizer.name} has {tokenizer.vocab_size:,} ids, more "
                           f"than the model's vocabulary of {model_vocab:,}; pick a model with a "
-                          "larger vocabulary or train a smaller tokenizer")
+                          f"larger vocabulary or {smaller}")
