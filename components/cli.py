@@ -158,6 +158,7 @@ class CmdRun(cmd_run.CmdRun):
 
     def add_arguments(self, subparser: argparse.ArgumentParser) -> None:
         super().add_arguments(subparser)
+        subparser.allow_abbrev = False  # `--dry` is not `--dryrun`: unknown, so refused
         configured = config.get_configs(prefix="cli", name="run").get("scheduler")
         subparser.set_defaults(scheduler=configured or DEFAULT_SCHEDULER)
 

@@ -11,7 +11,7 @@ import pytest
 
 from components.ddp import ddp
 from components.errors import ComponentArgumentError
-from tests.support.runs import run_trainer
+from tests.support.runs import run_trainer, torchx_cli
 from trainers.torchfree.config import parse_config, validate
 from trainers.torchfree.errors import ConfigError
 from trainers.torchfree.token_file import write_token_file
@@ -457,6 +457,16 @@ def test_help_shows_the_trainers_own_options_once_each(name):
     owned = {"--" + o.replace("_", "-") for o in TRAINERS[name].options}
     assert set(re.findall(r"^  (--[a-z-]+)", own, re.MULTILINE)) - {
         "--no-" + flag[2:] for flag in owned} == owned
+
+
+def test_torchx_run_takes_no_abbreviated_option(tmp_path):
+    """``torchx run --dry`` is not ``--dryrun`` (our ``run`` command's parser): refused, nothing
+    is run."""
+    proc = torchx_cli("run", "--dry", "-s", "local_cwd", "components/ddp.py:ddp", "--", "--model",
+                      "tiny", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1].endswith(
+        ": error: unrecognized arguments: --dry"), proc.stderr[-2000:]
+    assert not (tmp_path / "outputs").exists()
 
 
 @pytest.mark.parametrize("given, meant", [
