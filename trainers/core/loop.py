@@ -329,8 +329,8 @@ def finish(run: Run, state: RunState) -> dict[str, Any]:
     if run.env.is_main and state.history:
         write_summary(run.run_dir, summary)
         run.writer.log_summary(summary)
-        run.writer.print(f"run directory: {run.run_dir.resolve()} (plot it: python -m "
-                         f"trainers.plot {run.run_dir})")
+        run.writer.print(f"run directory: {run.run_dir.resolve()} (plot it: ttx-plot "
+                         f"{run.run_dir})")
         run.writer.print("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
                                                  f"{k}={v}" for k, v in summary.items()))
     return summary
