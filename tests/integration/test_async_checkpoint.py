@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.staging import DefaultStager
 
 from tests.integration.test_checkpoint import tiny_checkpointer
 from tests.support.runs import TINY, assert_close, losses, run_trainer
+from trainers.core import checkpoint
 from trainers.torchfree.checkpoint_files import find_checkpoints, verify
 
 
@@ -81,3 +83,48 @@ def test_async_checkpoints_train_and_resume_exactly_like_sync(tmp_path):
                         str(runs["async"] / "checkpoints" / "step_00000004")], nproc=2)
     assert "at step 4" in proc.stdout
     assert_close(losses(resumed), {s: v for s, v in losses(runs["sync"]).items() if s > 4})
+
+
+class _HoldsAClass:
+    """A Stateful whose state holds a class (the real runs' states hold one)."""
+
+    def state_dict(self) -> dict[str, object]:
+        return {"kind": int}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Nothing to restore."""
+
+
+def _stage_then_close(self, state_dict, **kwargs):
+    """torch 2.11 and 2.12's ``DefaultStager._stage``: it closes its own state-dict stager after
+    each stage (2.13 does not)."""
+    staged = self._state_dict_stager.stage(state_dict, non_blocking=False)
+    self._state_dict_stager.close()
+    return staged
+
+
+@pytest.mark.parametrize("one_stager_per_save", [True, False])
+def test_async_saves_where_the_torch_closes_its_stager_after_each(tmp_path, world_of_one,
+                                                                  monkeypatch,
+                                                                  one_stager_per_save):
+    """Under torch 2.11/2.12's stager (simulated here), a stager reused for a second save
+    fails on its emptied copy table; a new stager for each save (what checkpoint.py does on
+    those versions) commits every save."""
+    monkeypatch.setattr(DefaultStager, "_stage", _stage_then_close)
+    monkeypatch.setattr(checkpoint, "STAGER_SERVES_ONE_SAVE", one_stager_per_save)
+    ckpt, _, _, progress = tiny_checkpointer(tmp_path, world_of_one)
+    ckpt.state["kind"] = _HoldsAClass()
+    for step in (1, 2, 3):
+        progress.step = step
+        if one_stager_per_save:
+            ckpt.save(step, asynchronous=True)
+        elif step == 2:
+            with pytest.raises(KeyError, match="<class 'type'>"):
+                ckpt.save(step, asynchronous=True)
+            return
+        else:
+            ckpt.save(step, asynchronous=True)
+    assert ckpt.commit_pending() == tmp_path / "checkpoints" / "step_00000003"
+    assert sorted(p.name for p in find_checkpoints(tmp_path)) == [
+        "step_00000001", "step_00000002", "step_00000003"]
+    ckpt.close()

@@ -45,6 +45,11 @@ from trainers.torchfree.errors import CheckpointWriteError, ConfigError
 from trainers.torchfree.faults import KillPoint, maybe_kill
 from trainers.torchfree.storage import RunPath
 
+# torch 2.11 and 2.12's DefaultStager closes its own state-dict stager at the end of every stage,
+# which empties the stager's copy table: its next stage fails (KeyError: <class 'type'>) and
+# its CPU buffers are dropped anyway. There one stager serves one save; 2.13 keeps them.
+STAGER_SERVES_ONE_SAVE = (2, 11) <= torch.torch_version.TorchVersion(torch.__version__) < (2, 13)
+
 log = logging.getLogger(__name__)
 
 
@@ -180,7 +185,12 @@ class Checkpointer:
         return self._group
 
     def _staging(self) -> DefaultStager:
-        """One stager for the run: it keeps its CPU buffers and refills them at every save."""
+        """One stager for the run: it keeps its CPU buffers and refills them at every save
+        (where the torch closes it after each save, :data:`STAGER_SERVES_ONE_SAVE`: a new one
+        for each save)."""
+        if self._stager is not None and STAGER_SERVES_ONE_SAVE:
+            self._stager.close()
+            self._stager = None
         if self._stager is None:
             self._stager = DefaultStager(StagingOptions(
                 use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False,
