@@ -1,7 +1,7 @@
 """A CPU job's memory pre-flight (components/cpu_memory.py) through TorchX's Python runner: on
 local_cwd it is priced against this host's available memory, where the node's request is not
 enforced, so a small job of many processes that the default 4096 MB request would refuse runs;
-on Slurm and Kubernetes, which enforce the request, the same job is refused in one line before
+on Kubernetes (and Slurm), which enforce the request, the same job is refused in one line before
 anything is submitted (as it was by the component)."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from components.cpu_memory import (
     note_cpu_memory,
 )
 from components.errors import ComponentArgumentError
+from components.schedulers.submit import dryrun_app
 from tests.support.runs import REPO
 
 PIPELINE = f"{REPO}/components/pipeline.py:pipeline"
@@ -34,7 +35,9 @@ REFUSAL = ("trainers.pipeline: --model llama-tiny needs 0.50 GiB per rank, devic
 def _dryrun(scheduler: str, args: list[str], cfg: dict[str, object]) -> specs.AppDef:
     with get_runner() as runner:
         info = runner.dryrun_component(PIPELINE, args, scheduler, cfg=cfg, workspace=None)
-    return info._app
+    app = dryrun_app(info)
+    assert app is not None
+    return app
 
 
 def test_local_cwd_prices_a_cpu_job_against_the_host_not_the_request():
@@ -45,7 +48,10 @@ def test_local_cwd_prices_a_cpu_job_against_the_host_not_the_request():
     assert memory.ranks_per_node == 8 and memory.rank_bytes * 8 < host_available_bytes()
 
 
-@pytest.mark.parametrize(("scheduler", "cfg"), [("slurm", {}), ("kubernetes", {"queue": "q"})])
+# Slurm's dry run asks its controller first; its refusal of the same job is the Slurm bad-input
+# row cpu-job-names-memmb (tests/system/test_bad_input_slurm.py, on the cluster).
+@pytest.mark.parametrize(("scheduler", "cfg"), [("kubernetes", {"queue": "q"}),
+                                                ("kubernetes_jobset", {"local_queue": "q"})])
 def test_schedulers_that_enforce_the_request_refuse_it(scheduler, cfg):
     with pytest.raises(ComponentArgumentError) as refused:
         _dryrun(scheduler, SMALL_3D, cfg)
