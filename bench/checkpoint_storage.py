@@ -27,15 +27,15 @@ import torch.nn.functional as F
 
 from bench import harness
 from bench.harness import THREADS, median
+from trainers.config.parsing import parse_config
 from trainers.core import checkpoint_storage
 from trainers.core.checkpoint import Checkpointer
 from trainers.core.checkpoint_state import ModelAndOptimizer, Progress, RankRNG
 from trainers.core.distributed import init_distributed
 from trainers.models import build_model
-from trainers.torchfree.checkpoint_files import MANIFEST
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.shapes import MODEL_SIZES
-from trainers.torchfree.storage import RunPath, location
+from trainers.runs.checkpoint_files import MANIFEST
+from trainers.runs.storage import RunPath, location
+from trainers.sizing.shapes import MODEL_SIZES
 
 TARGETS = ("disk", "s3")
 REGION = "us-east-1"

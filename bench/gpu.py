@@ -19,7 +19,7 @@ from bench import harness
 from bench.harness import BenchError
 from bench.peak import measure_peak
 from trainers.core.metrics import bf16_matmul_hardware
-from trainers.torchfree.model_names import model_shape
+from trainers.options.model_names import model_shape
 
 OVERRIDES = {"steps": 1, "micro_batch": 1, "nproc": 0}
 QUICK = {"model": "llama-tiny", "seq_len": 64, "micro_batch": 2, "warmup": 3, "steps": 2,

@@ -154,8 +154,8 @@ def serve_rank(prefix: str, trainer: str, args: Sequence[str],
                measure: Callable[..., dict[str, Any]]) -> None:
     """One rank of :func:`run_ranks`: ``trainers.<trainer>``'s config from ``args``, its process
     group, and ``measure(cfg, env, build)`` (its own ``build``) with ``rank``, ``world_size``."""
+    from trainers.config.parsing import parse_config
     from trainers.core.distributed import init_distributed
-    from trainers.torchfree.config import parse_config
 
     torch.set_num_threads(THREADS)
     cfg = parse_config(list(args), trainer, check_paths=False)

@@ -23,12 +23,12 @@ from typing import Any
 
 from bench import harness
 from bench.harness import median
+from trainers.config.parsing import parse_config
 from trainers.core.batch_stream import BatchStream
 from trainers.core.data import instruction_datasets
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.data_source import instruction_source
-from trainers.torchfree.instruction_data import tokenize_samples
-from trainers.torchfree.model_names import model_shape
+from trainers.formats.data_source import instruction_source
+from trainers.formats.instruction_data import tokenize_samples
+from trainers.options.model_names import model_shape
 
 VARIANTS = ("pad", "pack")
 OVERRIDES = {"steps": 4, "rounds": 1, "samples": 64}

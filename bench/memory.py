@@ -12,12 +12,12 @@ import torch
 from bench import harness
 from bench.memory_probe import measure_step
 from trainers import ddp
+from trainers.config.parsing import parse_config
 from trainers.core.distributed import init_distributed
 from trainers.core.loop import build_optimizer
 from trainers.models import spec_of
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.memory_formulas import SHARDINGS, Layout, predict
-from trainers.torchfree.shapes import MODEL_SIZES
+from trainers.sizing.memory_formulas import SHARDINGS, Layout, predict
+from trainers.sizing.shapes import MODEL_SIZES
 
 CONFIGS = [("baseline: fp32", "fp32", False), ("bf16 autocast", "bf16", False),
            ("activation checkpointing", "fp32", True),

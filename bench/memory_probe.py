@@ -15,7 +15,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
-from trainers.torchfree.memory_formulas import Anatomy
+from trainers.sizing.memory_formulas import Anatomy
 
 
 class Tally:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from bench.harness import THREADS, write_rank
 from trainers.core.data import MarkovChainDataset
 from trainers.models import build_model
-from trainers.torchfree.shapes import MODEL_SIZES
+from trainers.sizing.shapes import MODEL_SIZES
 
 SEED = 1234  # the trainer's default --seed
 

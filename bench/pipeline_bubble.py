@@ -8,7 +8,7 @@ from typing import Any
 
 from bench import harness
 from trainers.parallel.pipeline_timeline import efficiency
-from trainers.plot import draw_timeline
+from trainers.tools.plot import draw_timeline
 
 STAGES = 2
 QUICK = {"model": "tiny", "microbatches": (1, 2, 4), "steps": 3, "warmup": 1, "timeout_s": 120.0}

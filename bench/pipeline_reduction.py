@@ -27,16 +27,16 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from bench import harness
 from bench.harness import human, median
+from trainers.config.parsing import parse_or_exit
 from trainers.core.distributed import DistEnv
 from trainers.core.entry import train_in_group
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec
+from trainers.options.train_config import SCHEDULE_STAGES, TrainConfig
 from trainers.parallel.parallelize import parallelize
 from trainers.parallel.pipeline import PipelineStrategy, split_stage, stage_indices
 from trainers.pipeline import build as fsdp_build
-from trainers.torchfree.config import parse_or_exit
-from trainers.torchfree.log_setup import configure_logging
-from trainers.torchfree.train_config import SCHEDULE_STAGES, TrainConfig
+from trainers.runs.log_setup import configure_logging
 
 PP, DP = 2, 2
 NPROC = PP * DP

@@ -4,7 +4,7 @@
 Llama 3.1 8B FSDP on 8 and 128 H100s, llm-foundry's MPT-7B FSDP on 8 to 512 H100s,
 Megatron-LM's H100 weak-scaling table and its 2021 A100 one (Narayanan et al.'s
 configurations). For each table the matmul efficiency is calibrated on its smallest-scale row
-(:func:`trainers.torchfree.projection.calibrate`), every row is projected with it, and the
+(:func:`trainers.sizing.projection.calibrate`), every row is projected with it, and the
 check compares the change in per-device throughput from the smallest to the largest scale
 (goal: within ``CHANGE_GOAL_POINTS`` of the published change) and each row's absolute figure
 (goal: within ``ABSOLUTE_GOAL`` of the published one). Nothing is tuned per row: the only
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.torchfree.memory_formulas import Layout
-from trainers.torchfree.projection import Assumptions, Hardware, Job, calibrate, project
-from trainers.torchfree.resources import gpu_perf
-from trainers.torchfree.shapes import ModelConfig
+from trainers.sizing.memory_formulas import Layout
+from trainers.sizing.projection import Assumptions, Hardware, Job, calibrate, project
+from trainers.sizing.resources import gpu_perf
+from trainers.sizing.shapes import ModelConfig
 
 TABLE = Path(__file__).resolve().parent / "published_scaling.csv"
 CHANGE_GOAL_POINTS = 5.0

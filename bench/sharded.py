@@ -14,7 +14,7 @@ from bench.harness import THREADS, BenchError, human, median
 from bench.memory_probe import Tally, union
 from bench.peak import measure_peak
 from trainers.core.metrics import peak_memory_bytes
-from trainers.torchfree.shapes import MODEL_SIZES
+from trainers.sizing.shapes import MODEL_SIZES
 
 NPROC = 2
 FP32 = 4  # bytes per parameter, gradient and AdamW moment (fp32 training)

@@ -23,8 +23,8 @@ from bench import harness
 from bench.harness import THREADS, WORKER, BenchError, median, trainer_args
 from bench.peak import measure_peak
 from trainers.core.metrics import bf16_matmul_hardware
-from trainers.torchfree.shapes import MODEL_SIZES
-from trainers.torchfree.train_config import TrainConfig
+from trainers.options.train_config import TrainConfig
+from trainers.sizing.shapes import MODEL_SIZES
 
 FIRST_STEP = re.compile(r"\bstep\s+1/\d+")  # rank 0's line after step 1: "step 1/N | loss ..."
 

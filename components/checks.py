@@ -9,13 +9,14 @@ from torchx.components import dist
 
 from components.cpu_memory import CpuMemory
 from components.errors import ComponentArgumentError
-from trainers.torchfree import faults, trainer_table
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError, MissingPathError
-from trainers.torchfree.model_names import in_store, model_kind
-from trainers.torchfree.planner import GIB, check_fits, job_candidate
-from trainers.torchfree.resources import GPU_MEMORY_GB, gpu_memory_gb
-from trainers.torchfree.train_config import TrainConfig
+from trainers.config.parsing import parse_config
+from trainers.errors import ConfigError, MissingPathError
+from trainers.options import trainer_table
+from trainers.options.model_names import in_store, model_kind
+from trainers.options.train_config import TrainConfig
+from trainers.planning.planner import GIB, check_fits, job_candidate
+from trainers.runs import faults
+from trainers.sizing.resources import GPU_MEMORY_GB, gpu_memory_gb
 
 
 def node_range(j: str) -> tuple[int, int, int]:
@@ -78,7 +79,7 @@ def check_trainer(trainer: str, args: list[str], *, nodes: range, nproc: int, gp
     The trainer's own parser checks ``args`` at every data-parallel size the range allows; its
     placement check (``check_placement``: one process per GPU, or model_parallel's one process
     per node) sees ``nproc`` and ``gpus``; a ``TRAINERS_KILL_AT`` in ``env`` is checked as the
-    trainers will read it; the memory pre-flight (:func:`trainers.torchfree.planner.check_fits`)
+    trainers will read it; the memory pre-flight (:func:`trainers.planning.planner.check_fits`)
     runs here against one device of ``device_memory_gb`` or of ``gpu_type`` (a GPU job must
     name one); a CPU job's against ``node_mb`` shared by the node's processes (see
     :func:`rank_memory`) is made here and raised by the schedulers that enforce the request.

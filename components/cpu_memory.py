@@ -31,7 +31,7 @@ from torchx import specs
 from torchx.schedulers.api import AppDryRunInfo
 
 from components.errors import ComponentArgumentError
-from trainers.torchfree.planner import GIB, USABLE
+from trainers.planning.planner import GIB, USABLE
 
 # Role metadata key: the CPU job's memory (:class:`CpuMemory`, as a dict).
 CPU_MEMORY = "torchx_templates/cpu_memory"

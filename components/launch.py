@@ -3,7 +3,7 @@ the trainer under torchrun.
 
 Each component is one ``def`` (TorchX reads its signature and docstring) that passes its
 arguments to :func:`trainer_app` with the name of its trainer in the table of trainers
-(:mod:`trainers.torchfree.trainer_table`). :func:`trainer_app` checks them first
+(:mod:`trainers.options.trainer_table`). :func:`trainer_app` checks them first
 (:mod:`components.checks`: the trainers' own parser at every data-parallel size the job's node
 range allows, the placement, the memory pre-flight), so a bad argument fails here, in one line,
 before anything is scheduled. :func:`torchrun_app` then builds the AppDef itself: one role
@@ -28,9 +28,9 @@ from components.checks import check_launch_specs, check_trainer, node_range
 from components.cpu_memory import TrainerRole, note_cpu_memory
 from components.errors import ComponentArgumentError
 from components.schedulers.submit import note_stores
-from trainers.torchfree import trainer_table
-from trainers.torchfree.preemption_signals import parse_signals
-from trainers.torchfree.resources import node_request
+from trainers.options import trainer_table
+from trainers.runs.preemption_signals import parse_signals
+from trainers.sizing.resources import node_request
 
 # The image that container schedulers (kubernetes, local_docker) run; local_cwd ignores it.
 DEFAULT_IMAGE = "torchx-templates:cpu"
@@ -79,7 +79,7 @@ LAUNCH_ARGS = """\
             needs more (a GPU job names this or gpu_type; CPU jobs are checked against
             memMB shared by the node's processes)
         gpu_type: the GPU model instead of device_memory_gb, e.g. a100-80gb, h100, h200
-            (python -m trainers.plan --help lists them)
+            (python -m trainers.planning.plan --help lists them)
 """
 
 
@@ -113,7 +113,7 @@ def trainer_app(
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
     The nodes ask for the named resource ``h`` when given, else for ``cpu`` and ``memMB``
-    (0: the per-node defaults of :func:`trainers.torchfree.resources.node_request`) and
+    (0: the per-node defaults of :func:`trainers.sizing.resources.node_request`) and
     ``gpu``; :func:`check_trainer` checks the trainer's arguments against them.
     ``max_retries`` is both torchrun's in-place restarts and the scheduler's retries.
     Object-store URLs among the arguments are checked for their scheme here and, with
@@ -142,7 +142,7 @@ def node_resource(h: str | None, mounts: list[str] | None, cpu: int, gpu: int,
                   memMB: int) -> tuple[int, specs.Resource]:
     """A node's GPUs and what it asks the scheduler for: the named resource ``h`` when given,
     else ``cpu``, ``gpu`` and ``memMB`` (0: the per-node defaults of
-    :func:`trainers.torchfree.resources.node_request`); ``h`` and ``mounts`` checked first."""
+    :func:`trainers.sizing.resources.node_request`); ``h`` and ``mounts`` checked first."""
     named = check_launch_specs(h, mounts)
     gpus = named.gpu if named is not None else gpu
     cpu, memMB = node_request(gpus, cpu, memMB)
@@ -168,7 +168,7 @@ def torchrun_app(module: str, *args: str, j: str, name: str | None = None,
     ``python -m module *args`` in ``image`` under torchrun (:func:`torchrun_command`).
 
     ``resource`` is each node's (default: a CPU node of
-    :func:`trainers.torchfree.resources.node_request`); ``mounts`` are TorchX's mount specs;
+    :func:`trainers.sizing.resources.node_request`); ``mounts`` are TorchX's mount specs;
     ``port_map`` names the rendezvous port (:func:`rendezvous_port`). A failed worker is
     restarted in place by torchrun ``max_retries`` times, and the role as a whole as often by
     the scheduler (TorchX's APPLICATION retry policy). The environment is :func:`torchrun_env`.

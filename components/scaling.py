@@ -18,9 +18,9 @@ from components.launch import (
     rendezvous_port,
     shell_line,
 )
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.scaling_runs import MEASURED, PROG, Options, check_options, check_runs
-from trainers.torchfree.trainer_table import check_one_process_per_gpu
+from trainers.errors import ConfigError
+from trainers.options.trainer_table import check_one_process_per_gpu
+from trainers.scaling.runs import MEASURED, PROG, Options, check_options, check_runs
 
 
 def scaling(

@@ -10,10 +10,10 @@ from torchx import specs
 
 from components.errors import ComponentArgumentError
 from components.launch import DEFAULT_IMAGE, node_resource, with_output_dir
-from trainers.torchfree import trainer_table
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.search_space import SearchOptions, check_search
+from trainers.config.parsing import parse_config
+from trainers.errors import ConfigError
+from trainers.options import trainer_table
+from trainers.tune.search_space import SearchOptions, check_search
 
 
 def _search_args(trainer: str, search: str, workers: int, trials: int, max_concurrent: int,

@@ -59,8 +59,8 @@ def ddp_two_ranks(tmp_path_factory) -> dict[int, float]:
 @pytest.fixture
 def world_of_one():
     """A process group of one in this process (what a trainer run without torchrun forms)."""
+    from trainers.config.parsing import parse_config
     from trainers.core.distributed import init_distributed
-    from trainers.torchfree.config import parse_config
 
     with init_distributed(parse_config(["--device", "cpu"], "ddp")) as env:
         yield env

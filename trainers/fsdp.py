@@ -19,9 +19,9 @@ from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec
+from trainers.options.train_config import TrainConfig
 from trainers.parallel.fsdp import ShardedStrategy
 from trainers.parallel.parallelize import parallelize
-from trainers.torchfree.train_config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:

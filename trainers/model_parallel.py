@@ -16,10 +16,10 @@ from trainers.core.distributed import DistEnv
 from trainers.core.entry import run
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec, materialize
+from trainers.options.train_config import TrainConfig
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.ddp import DDPStrategy
 from trainers.parallel.spread import parse_devices, spread_over
-from trainers.torchfree.train_config import TrainConfig
 
 
 def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:

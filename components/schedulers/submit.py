@@ -10,15 +10,13 @@ only the job's nodes can reach the store); it checks only their schemes itself, 
 registered in pyproject.toml; its ``schedule`` is where TorchX's Python runner
 (``Runner.schedule``, so ``torchx run`` and ``Runner.run_component``) and ``Scheduler.submit``
 hand a dry-run result over to be submitted. It runs
-:func:`trainers.torchfree.config_checks.check_stores` first and refuses with one line
+:func:`trainers.config.checks.check_stores` first and refuses with one line
 (:class:`~components.errors.ComponentArgumentError`, naming the scheduler and the fix) before
 anything is submitted; then :meth:`SubmitChecks.schedule_checked`, which the scheduler classes
 override instead of ``schedule``, submits.
 
-TorchX keeps the AppDef of a dry-run result in ``AppDryRunInfo`` (set by
-``Scheduler.submit_dryrun``): the private ``_app`` in torchx 0.7.0, the public ``app`` on
-TorchX main (where ``Runner.schedule`` reads it too); :func:`dryrun_app` is the one place that
-reads it.
+The AppDef of a dry-run result is read by
+:func:`components.schedulers.torchx_workarounds.releases.dryrun_app`.
 """
 
 from __future__ import annotations
@@ -29,11 +27,12 @@ from torchx.schedulers.api import AppDryRunInfo
 from torchx.specs import AppDef, Role
 
 from components.errors import ComponentArgumentError
-from trainers.torchfree.config_checks import check_stores
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.model_names import in_store
-from trainers.torchfree.storage import is_url
-from trainers.torchfree.train_config import TrainConfig
+from components.schedulers.torchx_workarounds.releases import dryrun_app
+from trainers.config.checks import check_stores
+from trainers.errors import ConfigError
+from trainers.options.model_names import in_store
+from trainers.options.train_config import TrainConfig
+from trainers.runs.storage import is_url
 
 # Role metadata key: the trainer's locations ({field: value}) when one of them is a URL.
 STORES = "torchx_templates/stores"
@@ -47,12 +46,6 @@ def note_stores(role: Role, cfg: TrainConfig) -> None:
     fields = {name: getattr(cfg, name) for name in LOCATIONS}
     if any(is_url(fields[name]) for name in LOCATIONS[:-1]) or in_store(cfg.model):
         role.metadata[STORES] = fields
-
-
-def dryrun_app(dryrun_info: AppDryRunInfo[Any]) -> AppDef | None:
-    """The AppDef a dry-run result was made of (None for one not made by ``submit_dryrun``):
-    ``app`` on TorchX main, ``_app`` in torchx 0.7.0."""
-    return getattr(dryrun_info, "app", None) or getattr(dryrun_info, "_app", None)
 
 
 def check_app_stores(scheduler: str, app: AppDef | None) -> None:

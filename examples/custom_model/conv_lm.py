@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainers.models import ModelSpec, normal_init
-from trainers.torchfree.shapes import ModelConfig
+from trainers.sizing.shapes import ModelConfig
 
 
 class Block(nn.Module):

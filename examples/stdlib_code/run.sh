@@ -15,12 +15,12 @@ stdlib=$(python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 corpus="$stdlib/*.py"
 
 mkdir -p "$out"
-python -m trainers.train_tokenizer "$corpus" --vocab-size 4096 --output "$out/tokenizer.json"
-python -m trainers.prepare_data "$corpus" "$out/stdlib.bin" --tokenizer "$out/tokenizer.json"
+python -m trainers.tools.train_tokenizer "$corpus" --vocab-size 4096 --output "$out/tokenizer.json"
+python -m trainers.tools.prepare_data "$corpus" "$out/stdlib.bin" --tokenizer "$out/tokenizer.json"
 torchx run -s local_cwd components/fsdp.py:fsdp -j 1x2 -- \
     --model llama-small --data "$out/stdlib.bin" --tokenizer "$out/tokenizer.json" \
     --steps "$steps" --batch-size "$batch" --warmup-steps $((steps / 10)) \
     --eval-every $((steps / 4 > 0 ? steps / 4 : 1)) --checkpoint-every "$steps" \
     --log-every 10 --output-dir "$out/run"
-python -m trainers.sample "$out/run" --prompt "def read_config(path):" --tokens 64 \
+python -m trainers.tools.sample "$out/run" --prompt "def read_config(path):" --tokens 64 \
     --temperature 0.8 --top-k 40

@@ -16,7 +16,7 @@ SHA-256 is 0 modulo ``--holdout-every``; their records come last in
 training. Test folders are skipped.
 
 Writes ``instructions.jsonl`` and ``prompt.txt`` (the prompt of the held-out function
-``--sample-function``, for ``trainers.sample``), prints one line of counts to stderr and, on
+``--sample-function``, for ``trainers.tools.sample``), prints one line of counts to stderr and, on
 stdout, the number of held-out records and the ``--val-fraction`` that holds out exactly them.
 """
 
@@ -32,9 +32,9 @@ import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.instruction_data import encode
-from trainers.torchfree.tokenizer import TextTokenizer, load_tokenizer
+from trainers.errors import ConfigError
+from trainers.formats.instruction_data import encode
+from trainers.formats.tokenizer import TextTokenizer, load_tokenizer
 
 SKIPPED_FOLDERS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
 Record = dict[str, str]

@@ -20,7 +20,7 @@ pretrained=${PRETRAINED:-outputs/stdlib_code}
 out=${OUT:-outputs/stdlib_docstrings}
 
 [ -f "$pretrained/run/summary.json" ] || OUT="$pretrained" examples/stdlib_code/run.sh
-[ -f "$out/base/config.json" ] || python -m trainers.export "$pretrained/run" "$out/base"
+[ -f "$out/base/config.json" ] || python -m trainers.tools.export "$pretrained/run" "$out/base"
 read -r held val_fraction < <(python -m examples.stdlib_docstrings.make_data \
     "$out/base/tokenizer.json" "$out" --seq-len 256)
 torchx run -s local_cwd components/fsdp.py:fsdp -j 1x2 -- \
@@ -36,5 +36,5 @@ print("held-out completion loss: %.4f at step %d -> %.4f at step %d" % (
     evals[0]["eval_loss"], evals[0]["step"], evals[-1]["eval_loss"], evals[-1]["step"]))' \
     "$out/run/metrics.jsonl"
 prompt=$(cat "$out/prompt.txt"; echo .)  # the dot keeps the prompt's last newline
-python -m trainers.sample "$out/run" --prompt "${prompt%.}" --tokens 48 --temperature 0 \
+python -m trainers.tools.sample "$out/run" --prompt "${prompt%.}" --tokens 48 --temperature 0 \
     --stop-at-end

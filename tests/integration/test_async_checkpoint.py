@@ -11,7 +11,7 @@ from torch.distributed.checkpoint.staging import DefaultStager
 from tests.integration.test_checkpoint import tiny_checkpointer
 from tests.support.runs import TINY, assert_close, losses, run_trainer
 from trainers.core import checkpoint
-from trainers.torchfree.checkpoint_files import find_checkpoints, verify
+from trainers.runs.checkpoint_files import find_checkpoints, verify
 
 
 def test_an_async_save_holds_its_step_and_is_committed_later(tmp_path, world_of_one):

@@ -1,5 +1,6 @@
-"""Every ``python -m trainers.*`` command besides the trainers (prepare_data, train_tokenizer,
-sample, export, plot, plan, memory, ray_train, tune, scaling) given wrong input, as a new user
+"""Every ``python -m trainers.*`` command besides the trainers (tools.prepare_data,
+tools.train_tokenizer, tools.sample, tools.export, tools.plot, planning.plan, planning.memory,
+on_ray.train, tune, scaling) given wrong input, as a new user
 would: each is refused with exit 2, no output and one ``trainers.X: error: ...`` line that
 names the fix, without a traceback, and nothing in its directory is written, truncated or
 removed (existing outputs included).
@@ -51,7 +52,7 @@ def rows(module: str, *cases: tuple) -> list[Row]:
 UNWRITABLE = "/proc/trainers-test/out"  # under a kernel file system: refused even for root
 
 ROWS = [
-    *rows("prepare_data",
+    *rows("tools.prepare_data",
           ("", "the following arguments are required: source, target", False),
           ("nosuch.txt out.bin", "source nosuch.txt: no such file or directory"),
           ("text.txt .", "target . is a directory; pass the path of a file"),
@@ -64,8 +65,8 @@ ROWS = [
           ("text.txt new.bin --tokenizer text.txt", "--tokenizer text.txt does not load"),
           ("text.txt new.bin --bogus", "unrecognized arguments: --bogus; pass only options"),
           ("text.txt new.bin --tok bytes", "unrecognized arguments: --tok bytes; did you mean "
-           "--tokenizer? (`python -m trainers.prepare_data --help` lists the options)")),
-    *rows("train_tokenizer",
+           "--tokenizer? (`python -m trainers.tools.prepare_data --help` lists the options)")),
+    *rows("tools.train_tokenizer",
           ("text.txt --output tok.json", "the following arguments are required: --vocab-size",
            False),
           ("text.txt --vocab-size x --output tok.json", "invalid int value: 'x'", False),
@@ -82,7 +83,7 @@ ROWS = [
           (f"text.txt --vocab-size 300 --output {UNWRITABLE}.json", "/proc cannot be written"),
           ("text.txt --vocab-size 300 --output text.txt", "--output text.txt is also an input"),
           ("empty.txt --vocab-size 300 --output tok.json", "empty.txt is empty")),
-    *rows("sample",
+    *rows("tools.sample",
           ("run", "the following arguments are required: --prompt", False),
           ("nosuch --prompt a", "nosuch: no checkpoint there (no such directory)"),
           ("afile --prompt a", "afile: no checkpoint there (not a directory)"),
@@ -92,13 +93,13 @@ ROWS = [
           ("run --prompt a --temperature nan", "--temperature must be >= 0, got nan"),
           ("run --prompt a --top-k -2", "--top-k must be >= 0, got -2"),
           (("run", "--prompt", ""), "--prompt is empty; pass at least one character")),
-    *rows("export",
+    *rows("tools.export",
           ("run", "the following arguments are required: out", False),
           ("nosuch hf", "nosuch: no checkpoint there (no such directory)"),
           ("run afile", "afile already exists and is not an empty directory; pass a new"),
           ("run logged", "logged already exists and is not an empty directory"),
           (f"run {UNWRITABLE}", "/proc cannot be written (a proc file system)")),
-    *rows("plot",
+    *rows("tools.plot",
           ("", "the following arguments are required: RUN", False),
           ("nosuch", "nosuch holds no metrics.jsonl; pass a run directory"),
           ("run", "run holds no metrics.jsonl"),
@@ -106,7 +107,7 @@ ROWS = [
           ("logged -o plot.txt", "--output plot.txt: matplotlib writes no .txt files; pass a .png"),
           ("logged -o run", "--output run is a directory"),
           (f"logged -o {UNWRITABLE}.png", "/proc cannot be written")),
-    *rows("plan",
+    *rows("planning.plan",
           ("--model nosuch", "--model nosuch: not a built-in size"),
           ("--nodes 0", "--nodes must be positive, got 0; pass a positive one"),
           ("--device-memory-gb nan", "--device-memory-gb must be positive, got nan"),
@@ -115,12 +116,12 @@ ROWS = [
           ("--gpu-type h100 --device cpu", "--gpu-type describes GPUs; drop it"),
           ("--gpu-type nope", "argument --gpu-type: invalid choice: 'nope'", False),
           ("--global-batch x", "argument --global-batch: invalid int value", False)),
-    *rows("memory",
+    *rows("planning.memory",
           ("--model nosuch", "--model nosuch: not a built-in size"),
           ("--devices 0", "--devices must be positive, got 0; pass a positive one"),
           ("--seq-len -3", "--seq-len must be in 1..2048, got -3"),
           ("--dtype fp8", "argument --dtype: invalid choice: 'fp8'", False)),
-    *rows("ray_train",
+    *rows("on_ray.train",
           ("", "the following arguments are required: --trainer, --workers", False),
           ("--trainer zero --workers 2", "--trainer zero is not a trainer; pass ddp or fsdp"),
           ("--trainer model_parallel --workers 2", "cannot run under Ray Train"),
@@ -213,11 +214,13 @@ class Refusal:
 
 @pytest.fixture(scope="module")
 def refusals(tmp_path_factory) -> dict[str, Refusal]:
-    """Each row's run, by row id: started a few at a time, each in a directory of its own."""
+    """Each row's run, by row id: started a few at a time, each in a directory of its own.
+    The directories are made here, before the threads: pytest's temporary-directory factory
+    makes its base directory on first use and is not safe to call from several threads."""
     env = child_env()
+    directories = [tmp_path_factory.mktemp("row") for _ in ROWS]
 
-    def run(row: Row) -> Refusal:
-        directory = tmp_path_factory.mktemp("row")
+    def run(row: Row, directory: Path) -> Refusal:
         _inputs(directory)
         before = _snapshot(directory)
         proc = subprocess.run([sys.executable, "-m", f"trainers.{row.module}", *row.args],
@@ -226,7 +229,7 @@ def refusals(tmp_path_factory) -> dict[str, Refusal]:
         return Refusal(proc, before, _snapshot(directory))
 
     with ThreadPoolExecutor(4) as pool:
-        return dict(zip([row.id for row in ROWS], pool.map(run, ROWS), strict=True))
+        return dict(zip([row.id for row in ROWS], pool.map(run, ROWS, directories), strict=True))
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])

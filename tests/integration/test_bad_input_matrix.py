@@ -22,7 +22,7 @@ from tests.support.runs import REPO
 from tests.support.slurm import queued_jobs_from, torchx, trainer_args
 from tests.system.test_slurm import BAD_OPTIONS as SLURM_BAD_CLUSTER_OPTIONS
 from tests.system.test_slurm import BAD_OPTIONS_ANYWHERE as SLURM_BAD_OPTIONS
-from trainers.torchfree.checkpoint_files import FORMAT
+from trainers.runs.checkpoint_files import FORMAT
 
 # The words by which an error line names its fix.
 FIX = re.compile(r"\b(pass|use|try|lower|pick|drop|list|tokenize|instead|did you mean|such as)\b"
@@ -216,8 +216,8 @@ ROWS = [
         exact=False),
     Row("data-only-on-the-cluster", "slurm", "ddp",
         "trainers.ddp: --data /cluster/tokens.bin: no such file; make one with `python -m "
-        "trainers.prepare_data TEXT OUT.bin` or use synthetic; if it exists only where the job "
-        "runs, pass --check_paths False", trainer=("--data", "/cluster/tokens.bin")),
+        "trainers.tools.prepare_data TEXT OUT.bin` or use synthetic; if it exists only where the "
+        "job runs, pass --check_paths False", trainer=("--data", "/cluster/tokens.bin")),
     Row("output-dir-not-writable", "local_cwd", "ddp",
         "trainers.ddp: --output-dir /proc/run: /proc cannot be written", exact=False,
         trainer=("--model", "tiny", "--output-dir", "/proc/run")),

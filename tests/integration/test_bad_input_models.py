@@ -23,7 +23,7 @@ from components.errors import ComponentArgumentError
 from tests.integration.test_bad_input_matrix import FIX, Row, assert_refused
 from tests.support.runs import REPO, run_trainer
 from trainers.models.huggingface import tiny_llama_config
-from trainers.torchfree.model_names import check_safetensors
+from trainers.options.model_names import check_safetensors
 
 NOT_CAUSAL = ("is not a causal LM config ({why}); pass the directory of a causal "
               "LM saved by transformers' save_pretrained (its architectures end in ForCausalLM)")
@@ -104,7 +104,8 @@ def test_the_component_refuses_it_before_scheduling(tmp_path, case):
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_the_runner_and_the_planner_refuse_it(tmp_path, case):
-    """TorchX's Python runner (a dry run in this process) and ``python -m trainers.plan``."""
+    """TorchX's Python runner (a dry run in this process) and ``python -m
+    trainers.planning.plan``."""
     bad_hf_dirs(tmp_path)
     folder = tmp_path / "models" / case.name
     expected = f"--model hf:{folder}: {case.error.format(dir=folder)}"
@@ -113,9 +114,11 @@ def test_the_runner_and_the_planner_refuse_it(tmp_path, case):
                                 ["--", "--model", f"hf:{folder}"], "local_cwd", workspace=None)
     assert str(refused.value) == f"trainers.ddp: {expected}"
     if case.name == "bert-bare":  # the planner reads the same check; one case suffices
-        plan = subprocess.run([sys.executable, "-m", "trainers.plan", "--model", f"hf:{folder}"],
+        plan = subprocess.run([sys.executable, "-m", "trainers.planning.plan", "--model",
+                               f"hf:{folder}"],
                               cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert plan.returncode == 2 and plan.stderr.strip() == f"trainers.plan: error: {expected}"
+        assert plan.returncode == 2
+        assert plan.stderr.strip() == f"trainers.planning.plan: error: {expected}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from tests.support.runs import TINY, losses, run_trainer, without
+from trainers.config.parsing import parse_config
 from trainers.core.checkpoint import Checkpointer
 from trainers.core.checkpoint_state import ModelAndOptimizer, Progress, RankRNG
+from trainers.errors import ConfigError
 from trainers.models import build_model
-from trainers.torchfree.checkpoint_files import find_checkpoints, verify
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError
+from trainers.runs.checkpoint_files import find_checkpoints, verify
 
 
 def _state(seed: int):

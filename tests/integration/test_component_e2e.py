@@ -57,7 +57,7 @@ def test_hf_model_on_a_jsonl_directory_with_a_trained_tokenizer(tmp_path):
                                               for k in range(40))}) for i in range(200)]
         (corpus / f"part{part}.jsonl").write_text("\n".join(lines) + "\n")
     tokenizer = tmp_path / "tokenizer.json"
-    from trainers.train_tokenizer import main as train_tokenizer
+    from trainers.tools.train_tokenizer import main as train_tokenizer
 
     train_tokenizer([str(corpus), "--vocab-size", "300", "--output", str(tokenizer)])
     model = tiny_llama_config(tmp_path / "hf", vocab_size=300)
@@ -70,7 +70,8 @@ def test_hf_model_on_a_jsonl_directory_with_a_trained_tokenizer(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_loss"] < summary["first_loss"] - 1.0
-    sample = subprocess.run([sys.executable, "-m", "trainers.sample", str(run_dir), "--prompt",
+    sample = subprocess.run([sys.executable, "-m", "trainers.tools.sample", str(run_dir),
+                             "--prompt",
                              "the model", "--tokens", "8"], cwd=REPO, env=child_env(),
                             capture_output=True, text=True, timeout=120)
     assert sample.returncode == 0, sample.stderr[-2000:]

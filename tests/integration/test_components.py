@@ -14,7 +14,7 @@ import pytest
 
 from components import launch
 from tests.support.runs import REPO
-from trainers.torchfree.trainer_table import TRAINERS
+from trainers.options.trainer_table import TRAINERS
 
 
 def _launcher_parameters() -> list[inspect.Parameter]:

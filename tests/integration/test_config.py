@@ -12,10 +12,10 @@ import pytest
 from components.ddp import ddp
 from components.errors import ComponentArgumentError
 from tests.support.runs import run_trainer, torchx_cli
-from trainers.torchfree.config import parse_config, validate
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.token_file import write_token_file
-from trainers.torchfree.train_config import TrainConfig, model_vocab
+from trainers.config.parsing import parse_config, validate
+from trainers.errors import ConfigError
+from trainers.formats.token_file import write_token_file
+from trainers.options.train_config import TrainConfig, model_vocab
 
 
 def parse(*args: str, dp: int = 1, tmp: Path | None = None):
@@ -166,7 +166,7 @@ def test_lora_targets_are_checked_before_submitting_where_the_layers_are_known(t
 def test_instruction_samples_pack_where_the_model_takes_positions(tmp_path):
     """By default samples are packed where every rank runs whole blocks of a model that takes
     positions, else padded; --batching pack where that cannot be is refused in one line."""
-    from trainers.torchfree.instruction_data import packs
+    from trainers.formats.instruction_data import packs
 
     bad_data_files(tmp_path)
     pairs = ["--data", str(tmp_path / "pairs.jsonl"), "--batch-size", "8"]
@@ -436,8 +436,8 @@ def test_model_vocab_is_the_models(tmp_path):
 def test_help_shows_the_trainers_own_options_once_each(name):
     """--help lists the options every trainer serves and this one's own, says when to use the
     trainer, and shows each default once (none for an empty one)."""
-    from trainers.torchfree.config import build_parser
-    from trainers.torchfree.trainer_table import TRAINERS, serving
+    from trainers.config.parsing import build_parser
+    from trainers.options.trainer_table import TRAINERS, serving
 
     text = build_parser(name).format_help()
     assert TRAINERS[name].when.split(":")[0] in " ".join(text.split())

@@ -29,7 +29,8 @@ def test_every_script_is_installed_and_names_a_command_of_trainers():
     assert installed == SCRIPTS  # pip install -e . again after changing the table
     for name, target in SCRIPTS.items():
         module, _, function = target.partition(":")
-        assert module == "trainers." + name.removeprefix("ttx-").replace("-", "_")
+        command = name.removeprefix("ttx-").replace("-", "_")
+        assert module.startswith("trainers.") and command in module.split(".")[1:], name
         assert function in ("main", "cli") and (BIN / name).is_file(), name
 
 
@@ -43,4 +44,4 @@ def test_installed_scripts_run_and_exit_with_the_commands_status(tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 0
     bad = _script("ttx-plot", str(tmp_path / "nothing"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
-    assert bad.stderr.startswith("trainers.plot: error: ")
+    assert bad.stderr.startswith("trainers.tools.plot: error: ")

@@ -22,7 +22,7 @@ from components.cpu_memory import (
     note_cpu_memory,
 )
 from components.errors import ComponentArgumentError
-from components.schedulers.submit import dryrun_app
+from components.schedulers.torchx_workarounds.releases import dryrun_app
 from tests.support.runs import REPO
 
 PIPELINE = f"{REPO}/components/pipeline.py:pipeline"

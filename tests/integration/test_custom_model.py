@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.runs import assert_close, losses, run_trainer
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError
+from trainers.config.parsing import parse_config
+from trainers.errors import ConfigError
 
 EXAMPLE = "examples.custom_model.conv_lm:SPEC"
 RUN = ["--model", EXAMPLE, "--steps", "6", "--batch-size", "8", "--eval-every", "0",

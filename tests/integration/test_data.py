@@ -11,7 +11,7 @@ import torch
 
 from trainers.core.batch_stream import BatchStream, eval_batches
 from trainers.core.data import MarkovChainDataset, TokenFileDataset
-from trainers.torchfree.token_file import read_header
+from trainers.formats.token_file import read_header
 
 
 def test_synthetic_data_is_deterministic_and_seed_dependent():
@@ -93,7 +93,8 @@ def test_tokenize_script_round_trips_bytes(tmp_path):
     text = "hello, wörld\n" * 200
     source, target = tmp_path / "in.txt", tmp_path / "out.bin"
     source.write_text(text, encoding="utf-8")
-    out = subprocess.run([sys.executable, "-m", "trainers.prepare_data", str(source), str(target)],
+    out = subprocess.run([sys.executable, "-m", "trainers.tools.prepare_data", str(source),
+                          str(target)],
                          capture_output=True, text=True, check=True)
     assert f"wrote {len(text.encode()):,} tokens" in out.stdout
     train = TokenFileDataset(read_header(target), 32, "train", 0.1)
@@ -112,6 +113,6 @@ def test_tokenize_script_round_trips_bytes(tmp_path):
 def test_tokenize_rejects_empty_input(tmp_path):
     source = tmp_path / "empty.txt"
     source.write_text("")
-    proc = subprocess.run([sys.executable, "-m", "trainers.prepare_data", str(source),
+    proc = subprocess.run([sys.executable, "-m", "trainers.tools.prepare_data", str(source),
                            str(tmp_path / "o.bin")], capture_output=True, text=True)
     assert proc.returncode == 2 and "is empty" in proc.stderr

@@ -18,14 +18,14 @@ import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 
 from tests.support.runs import REPO, TINY, assert_close, child_env, losses, run_trainer
+from trainers.config.parsing import parse_config
 from trainers.core.data import TokenFileDataset
+from trainers.errors import ConfigError
+from trainers.formats.corpus import resolve_files, tokenize_corpus
+from trainers.formats.data_source import text_source
+from trainers.formats.token_file import MAGIC_UINT16, read_header
+from trainers.formats.tokenizer import BYTES_END_OF_TEXT, load_tokenizer
 from trainers.models.huggingface import tiny_llama_config
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.corpus import resolve_files, tokenize_corpus
-from trainers.torchfree.data_source import text_source
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.token_file import MAGIC_UINT16, read_header
-from trainers.torchfree.tokenizer import BYTES_END_OF_TEXT, load_tokenizer
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
 
@@ -64,11 +64,11 @@ def command(module: str, *args: str, check: bool = True) -> subprocess.Completed
 @pytest.fixture(scope="module")
 def small_tokenizer(tmp_path_factory) -> Path:
     """A byte-level BPE tokenizer.json of at most 300 ids (every byte and a few merges), trained
-    by trainers.train_tokenizer."""
+    by trainers.tools.train_tokenizer."""
     root = tmp_path_factory.mktemp("tok")
     corpus = write_corpus(root, "txt")
     out = root / "tokenizer.json"
-    proc = command("trainers.train_tokenizer", str(corpus), "--vocab-size", "300",
+    proc = command("trainers.tools.train_tokenizer", str(corpus), "--vocab-size", "300",
                    "--output", str(out))
     assert "byte-level BPE" in proc.stdout and 257 < load_tokenizer(str(out)).vocab_size <= 300
     return out
@@ -83,7 +83,7 @@ def bpe_model(tmp_path_factory) -> str:
 def test_train_tokenizer_round_trips_any_text(tmp_path):
     corpus = write_corpus(tmp_path, "jsonl")
     out = tmp_path / "bpe.json"
-    command("trainers.train_tokenizer", str(corpus), "--text-field", "body", "--vocab-size",
+    command("trainers.tools.train_tokenizer", str(corpus), "--text-field", "body", "--vocab-size",
             "300", "--output", str(out))
     tokenizer = Tokenizer.from_file(str(out))
     assert 257 < tokenizer.get_vocab_size() <= 300  # the corpus may run out of merges
@@ -105,7 +105,7 @@ def test_bytes_tokenizer_separates_documents_by_0xff(tmp_path):
 
 
 def test_a_long_txt_file_is_one_document(tmp_path, monkeypatch):
-    monkeypatch.setattr("trainers.torchfree.corpus._TXT_BLOCK", 8)  # many pieces, no separator
+    monkeypatch.setattr("trainers.formats.corpus._TXT_BLOCK", 8)  # many pieces, no separator
     text = "line one\nline two\nline three\n" * 5
     (tmp_path / "a.txt").write_text(text)
     target = tmp_path / "out.bin"
@@ -142,7 +142,7 @@ def test_prepare_data_writes_uint32_for_a_large_vocabulary(tmp_path):
     corpus.write_text(json.dumps({"text": "w69999 w1 w65536"}) + "\n"
                       + json.dumps({"text": "w2 w70000"}) + "\n")
     target = tmp_path / "out.bin"
-    proc = command("trainers.prepare_data", str(corpus), str(target), "--tokenizer",
+    proc = command("trainers.tools.prepare_data", str(corpus), str(target), "--tokenizer",
                    str(tokenizer))
     assert "wrote 6 tokens" in proc.stdout and "uint32" in proc.stdout
     assert "tokenized 1/1 files, 6 tokens" in proc.stderr
@@ -166,7 +166,7 @@ def test_prepare_data_reads_a_glob_of_mixed_files(tmp_path):
     (tmp_path / "a.txt").write_text("abc")
     (tmp_path / "b.txt").write_text("de")
     target = tmp_path / "out.bin"
-    command("trainers.prepare_data", str(tmp_path / "*.txt"), str(target))
+    command("trainers.tools.prepare_data", str(tmp_path / "*.txt"), str(target))
     assert read_header(target).open().tolist() == [97, 98, 99, BYTES_END_OF_TEXT, 100, 101]
 
 

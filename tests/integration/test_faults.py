@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.runs import TINY, assert_same_run, losses, run_trainer, torchx_cli, without
-from trainers.torchfree.checkpoint_files import find_checkpoints, step_dirs, verify
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.faults import KillPoint, kill_point
+from trainers.errors import ConfigError
+from trainers.runs.checkpoint_files import find_checkpoints, step_dirs, verify
+from trainers.runs.faults import KillPoint, kill_point
 
 STEPS = ["--steps", "10", "--checkpoint-every", "4", "--resume", "auto"]
 

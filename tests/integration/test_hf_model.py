@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tests.support.runs import assert_close, losses, run_trainer
+from trainers.config.parsing import parse_config
+from trainers.errors import ConfigError
 from trainers.models import build_model
 from trainers.models.huggingface import tiny_llama_config
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,10 +1,12 @@
-"""The layers stay what the folders say: imports point one way, trainers/torchfree imports no torch,
-no module hides a standard-library or dependency module, and the table of trainers is whole."""
+"""The layers stay what the contracts say: pyproject.toml's import contracts hold (and break on an
+upward import), the torch-free layers and the components load no torch at run time, no module
+hides a standard-library or dependency module, and the table of trainers is whole."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,20 +14,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.runs import REPO, child_env
-from trainers.torchfree.trainer_table import TRAINERS
+from trainers.options.trainer_table import TRAINERS
 
-# Layers from the bottom up; a module may import its own layer and the ones below it.
-# trainers.models (the model protocol, registry and families) sits under core and parallel,
-# which build models from it; it imports only torch and the torch-free layer.
-LAYERS = ["trainers.torchfree", "trainers.models", "trainers.core", "trainers.parallel",
-          "trainers"]
-
-
-def _layer(module: str) -> int:
-    for index, prefix in enumerate(LAYERS[:-1]):
-        if module == prefix or module.startswith(prefix + "."):
-            return index
-    return len(LAYERS) - 1
+# The torch-free packages: what a component may import to check a job before submitting it.
+# (trainers/errors.py besides.)
+TORCH_FREE = ["runs", "sizing", "options", "formats", "config", "planning"]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
 def _imports(path: Path) -> set[str]:
@@ -38,12 +32,30 @@ def _imports(path: Path) -> set[str]:
     return {n for n in names if n == "trainers" or n.startswith("trainers.")}
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "trainers").rglob("*.py")),
-                         ids=lambda p: str(p.relative_to(REPO)))
-def test_imports_point_down(path: Path):
-    module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
-    upward = [name for name in _imports(path) if _layer(name) > _layer(module)]
-    assert not upward, f"{module} imports from a layer above it: {upward}"
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=child_env(),
+                          text=True, capture_output=True, timeout=120)
+
+
+def test_the_import_contracts_hold():
+    proc = _lint_imports(REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "0 broken" in proc.stdout
+
+
+def test_an_upward_import_breaks_the_layers_contract(tmp_path: Path):
+    """The contracts can fail: a torch-free module importing the training core breaks both the
+    layers contract and the no-torch contract, each named."""
+    for name in ("trainers", "components"):
+        shutil.copytree(REPO / name, tmp_path / name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    with (tmp_path / "trainers/options/paths.py").open("a") as f:
+        f.write("\nfrom trainers.core import loop  # noqa: E402,F401\n")
+    proc = _lint_imports(tmp_path)
+    assert proc.returncode == 1
+    assert "trainers.options is not allowed to import trainers.core" in proc.stdout
+    assert "trainers: layers point down BROKEN" in proc.stdout
 
 
 def test_the_model_protocol_is_a_leaf_and_no_family_is_imported_by_the_registry():
@@ -55,19 +67,25 @@ def test_the_model_protocol_is_a_leaf_and_no_family_is_imported_by_the_registry(
                "__init__.py": {f"trainers.models.{p.stem}" for p in models.glob("*.py")}
                - set(BUILTIN_FAMILIES.values())}
     for name, inside in allowed.items():
-        imported = {n for n in _imports(models / name) if not n.startswith("trainers.torchfree")}
+        imported = {n for n in _imports(models / name) if n.startswith("trainers.models")}
         assert imported <= inside, f"trainers/models/{name} imports {imported - inside}"
 
 
-def test_the_spec_layer_and_the_components_import_no_torch():
-    """What `torchx run` imports to validate and submit a job: no torch."""
-    modules = [f"trainers.torchfree.{p.stem}" for p in (REPO / "trainers/torchfree").glob("*.py")]
+def test_the_torch_free_layers_and_a_component_dry_run_load_no_torch():
+    """What `torchx run` imports to validate and submit a job, and a dry run through TorchX's
+    runner in a fresh interpreter: no torch (a lazy import is not seen by lint-imports)."""
+    modules = ["trainers.errors"] + [f"trainers.{package}.{p.stem}" for package in TORCH_FREE
+                                     for p in (REPO / "trainers" / package).glob("*.py")]
     modules += [f"components.{name}" for name in TRAINERS] + ["components.launch"]
     code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
+            "from torchx.runner import get_runner\n"
+            "info = get_runner().dryrun_component('ddp', ['-j', '1x2', '--', '--steps', '3'], "
+            "'local_cwd', cfg={})\n"
+            "assert 'trainers.ddp' in str(info.request)\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=child_env(), text=True,
                          capture_output=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert out.strip().splitlines()[-1] == "[]"
 
 
 def _repo_modules() -> list[Path]:
@@ -83,7 +101,8 @@ def test_no_module_is_named_after_a_standard_library_or_dependency_module():
     taken = set(sys.stdlib_module_names) | {"torch", "torchx", "docker", "kubernetes", "ray",
                                             "yaml", "numpy", "tensorboard", "pytest",
                                             "tokenizers", "pyarrow"}
-    clashes = sorted({str(p.relative_to(REPO)) for p in _repo_modules() if p.stem in taken})
+    names = {p: p.parent.name if p.name == "__init__.py" else p.stem for p in _repo_modules()}
+    clashes = sorted({str(p.relative_to(REPO)) for p, name in names.items() if name in taken})
     assert not clashes
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tests.support.runs import TINY, assert_close, losses, one_line_error, run_trainer
-from trainers import export, sample
-from trainers.core.run_model import load_run_model
 from trainers.models.huggingface import tiny_llama_config
+from trainers.tools import export, sample
+from trainers.tools.run_model import load_run_model
 
 LORA = [*TINY, "--lora-rank", "4", "--lr", "3e-2"]
 
@@ -120,12 +120,12 @@ def test_the_refusals_are_one_line(tmp_path, capsys):
     head = tmp_path / "head"
     run_trainer([*LORA, "--steps", "1", "--lora-targets", "wq,head", "--output-dir", str(head)])
     assert one_line_error(capsys, export, str(head), str(tmp_path / "out")) == (
-        "trainers.export: error: the adapter on head has no counterpart in the exported gpt "
+        "trainers.tools.export: error: the adapter on head has no counterpart in the exported gpt "
         "model; train with --lora-targets of the blocks' layers\n")
     full = tmp_path / "full"
     run_trainer([*TINY, "--steps", "1", "--output-dir", str(full)])
     assert one_line_error(capsys, export, str(full), str(tmp_path / "out"), "--merge") == (
-        f"trainers.export: error: --merge folds a LoRA run's adapters in, but {full} trained "
+        f"trainers.tools.export: error: --merge folds a LoRA run's adapters in, but {full} trained "
         "every parameter; drop --merge\n")
     assert not (tmp_path / "out").exists()
 

@@ -13,18 +13,18 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from bench.memory_probe import measure_step
 from tests.support.runs import REPO, TINY, child_env, losses, run_trainer, without
+from trainers.config.parsing import parse_config
 from trainers.core.loop import build_optimizer
 from trainers.models import build_model, materialize, resolve_spec, spec_of
 from trainers.parallel.checkpointing import apply_activation_checkpointing
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.memory_formulas import (
+from trainers.sizing.memory_formulas import (
     Adapters,
     Layout,
     anatomy_table,
     parse_targets,
     predict,
 )
-from trainers.torchfree.shapes import MODEL_SIZES
+from trainers.sizing.shapes import MODEL_SIZES
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "gathered")
 
@@ -178,20 +178,21 @@ def test_the_1b_table_comes_from_the_formulas():
     assert [line.split()[0] for line in lines[1:]] == ["ddp", "zero1", "zero2", "zero3"]
     zero3 = predict(MODEL_SIZES["1b"], 1, 2048, "bf16", False, Layout("zero3", dp=8))
     assert lines[-1].split()[-1] == f"{zero3.total / 2**30:.2f}"
-    out = subprocess.run([sys.executable, "-m", "trainers.memory", "--model", "1b", "--devices",
+    out = subprocess.run([sys.executable, "-m", "trainers.planning.memory", "--model", "1b",
+                          "--devices",
                           "8"], capture_output=True, text=True, check=True, cwd=REPO)
     assert table in out.stdout
 
 
 def test_the_3d_table_prices_the_heaviest_stage():
-    """``trainers.memory --tp --pp``: ZeRO over devices / (tp x pp) pipelines, and ZeRO-3
+    """``trainers.planning.memory --tp --pp``: ZeRO over devices / (tp x pp) pipelines, and ZeRO-3
     holds one end of the model whole, not both."""
     shape = MODEL_SIZES["llama-8b"]
     table = anatomy_table(shape, 1, 8192, "bf16", True, 16, tp=2, pp=2)
     zero3 = predict(shape, 1, 8192, "bf16", True, Layout("zero3", dp=4, tp=2, pp=2))
     assert table.splitlines()[-1].split()[-1] == f"{zero3.total / 2**30:.2f}"
     assert zero3.gathered == (shape.vocab_size * shape.d_model + shape.d_model) * 2  # bf16
-    out = subprocess.run([sys.executable, "-m", "trainers.memory", "--model", "llama-8b",
+    out = subprocess.run([sys.executable, "-m", "trainers.planning.memory", "--model", "llama-8b",
                           "--seq-len", "8192", "--devices", "16", "--tp", "2", "--pp", "2",
                           "--activation-checkpointing"],
                          capture_output=True, text=True, check=True, cwd=REPO)
@@ -199,7 +200,8 @@ def test_the_3d_table_prices_the_heaviest_stage():
 
 
 def test_the_lora_table_prices_the_frozen_base_and_the_adapters():
-    """``trainers.memory --lora-rank 16``: llama-8b's base in bf16 but embeddings and norms,
+    """``trainers.planning.memory --lora-rank 16``: llama-8b's base in bf16 but embeddings and
+    norms,
     gradients and AdamW state for its 6.82M adapter parameters alone."""
     shape, adapters = MODEL_SIZES["llama-8b"], Adapters(16)
     ddp = predict(shape, 1, 8192, "bf16", False, Layout("ddp", dp=8), adapters)
@@ -207,7 +209,7 @@ def test_the_lora_table_prices_the_frozen_base_and_the_adapters():
     outside = shape.vocab_size * shape.d_model + (2 * 32 + 1) * shape.d_model
     assert ddp.params == 2 * (shape.num_params() - outside) + 4 * outside + ddp.grads
     table = anatomy_table(shape, 1, 8192, "bf16", False, 8, adapters=adapters)
-    out = subprocess.run([sys.executable, "-m", "trainers.memory", "--model", "llama-8b",
+    out = subprocess.run([sys.executable, "-m", "trainers.planning.memory", "--model", "llama-8b",
                           "--seq-len", "8192", "--lora-rank", "16"],
                          capture_output=True, text=True, check=True, cwd=REPO)
     assert "LoRA rank 16: 6.82M adapter parameters" in out.stdout and table in out.stdout

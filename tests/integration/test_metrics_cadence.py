@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from tests.support.runs import TINY, losses, run_trainer, without
+from trainers.config.parsing import parse_config
 from trainers.core import loop
 from trainers.core.distributed import init_distributed
 from trainers.core.strategy import Strategy
-from trainers.torchfree.config import parse_config
+from trainers.runs.storage import location
 
 
 def records(run_dir: Path) -> list[dict[str, Any]]:
@@ -31,7 +32,8 @@ def train_here(argv: list[str], on_step: loop.StepHook | None = None) -> dict[st
     cfg = parse_config(argv, "ddp")
     spec = spec_of(cfg)
     with init_distributed(cfg) as env:
-        return loop.train(cfg, env, build(cfg, env, spec), spec, on_step=on_step)
+        return loop.train(cfg, env, build(cfg, env, spec), spec, location(cfg.output_dir),
+                          on_step=on_step)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from tests.support.runs import TINY, assert_close, losses, run_trainer
-from trainers import export, sample
+from trainers.tools import export, sample
 
 pytestmark = pytest.mark.slow
 

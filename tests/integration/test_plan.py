@@ -16,12 +16,12 @@ from components.errors import ComponentArgumentError
 from components.fsdp import fsdp
 from components.pipeline import pipeline
 from tests.support.runs import REPO, child_env, torchx_cli
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.memory_formulas import Adapters, activation_bytes
-from trainers.torchfree.planner import GIB, candidates, job_candidate, recommend
-from trainers.torchfree.projection import DEFAULT_MATMUL_EFFICIENCY
-from trainers.torchfree.shapes import MODEL_SIZES
+from trainers.config.parsing import parse_config
+from trainers.errors import ConfigError
+from trainers.planning.planner import GIB, candidates, job_candidate, recommend
+from trainers.sizing.memory_formulas import Adapters, activation_bytes
+from trainers.sizing.projection import DEFAULT_MATMUL_EFFICIENCY
+from trainers.sizing.shapes import MODEL_SIZES
 
 
 def test_a_model_that_fits_one_device_gets_ddp():
@@ -80,7 +80,8 @@ def test_3d_when_nothing_simpler_fits():
 
 
 def _plan(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "trainers.plan", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "trainers.planning.plan", *args],
+                          capture_output=True,
                           text=True, check=True, cwd=REPO).stdout
 
 
@@ -149,11 +150,12 @@ def assert_planner_commands_accepted(scheduler: str) -> None:
     (["--device", "cpu", "--peak-tflops", "1"], "--peak-tflops describes GPUs"),
 ])
 def test_plan_command_rejects_bad_input_in_one_line(args, message):
-    proc = subprocess.run([sys.executable, "-m", "trainers.plan", *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "trainers.planning.plan", *args],
+                          capture_output=True,
                           text=True, cwd=REPO)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("trainers.plan: error: ") and message in line
+    assert line.startswith("trainers.planning.plan: error: ") and message in line
 
 
 PROJECTED = re.compile(r"^projected: ([\d,]+) tokens/s per device, MFU (0\.\d+), ([\d,.]+) "
@@ -206,7 +208,8 @@ def test_the_projection_needs_a_known_peak_and_scales_on_request():
 
 
 def test_custom_shape():
-    out = subprocess.run([sys.executable, "-m", "trainers.plan", "--layers", "4", "--heads",
+    out = subprocess.run([sys.executable, "-m", "trainers.planning.plan", "--layers", "4",
+                          "--heads",
                           "8", "--hidden", "512", "--vocab", "1000", "--context", "128",
                           "--device", "cpu", "--devices-per-node", "2",
                           "--device-memory-gb", "4", "--global-batch", "16"],
@@ -288,4 +291,4 @@ def test_out_of_memory_prints_the_anatomy_and_what_to_try(tmp_path):
     assert proc.returncode == 1
     assert "trainers.ddp: out of memory" in proc.stderr and "Traceback" not in proc.stderr
     assert "activations" in proc.stderr and "--activation-checkpointing" in proc.stderr
-    assert "python -m trainers.plan --model small --global-batch 192" in proc.stderr
+    assert "python -m trainers.planning.plan --model small --global-batch 192" in proc.stderr

@@ -1,4 +1,4 @@
-"""python -m trainers.plot draws real runs' files: two ddp runs that differ in --lr, and a
+"""python -m trainers.tools.plot draws real runs' files: two ddp runs that differ in --lr, and a
 pipeline run's timeline."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from tests.support.runs import TINY, run_trainer
-from trainers import plot
-from trainers.torchfree import run_plot
-from trainers.torchfree.errors import ConfigError
+from trainers.errors import ConfigError
+from trainers.runs import run_plot
+from trainers.tools import plot
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -81,4 +81,4 @@ def test_a_directory_without_metrics_is_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         plot.main([str(tmp_path)])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().startswith("trainers.plot: error: ")
+    assert capsys.readouterr().err.strip().startswith("trainers.tools.plot: error: ")

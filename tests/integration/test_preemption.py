@@ -29,9 +29,9 @@ from tests.support.runs import (
     without,
 )
 from trainers.core.preemption import PreemptionWatch
-from trainers.torchfree.checkpoint_files import find_checkpoints
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.preemption_signals import exit_status, parse_signals
+from trainers.errors import ConfigError
+from trainers.runs.checkpoint_files import find_checkpoints
+from trainers.runs.preemption_signals import exit_status, parse_signals
 
 # 150 tiny steps (about 5 s on 2 ranks) with no periodic checkpoint: whatever a signal saves is
 # the preemption checkpoint.

@@ -21,14 +21,14 @@ import pytest
 from tests.support.runs import REPO, TINY, child_env
 from trainers.core.loop import lr_factor
 from trainers.core.metrics import MetricsWriter, format_line
-from trainers.torchfree.run_record import (
+from trainers.options.train_config import TrainConfig
+from trainers.runs.run_record import (
     changed_options,
     git_state,
     read_config,
     run_record,
     write_config,
 )
-from trainers.torchfree.train_config import TrainConfig
 
 
 def test_changed_options_lists_every_difference_but_where_an_attempt_writes():

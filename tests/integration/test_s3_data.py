@@ -23,24 +23,24 @@ import torch
 
 from tests.integration.test_data_sources import command, documents, word_level_tokenizer
 from tests.support.runs import REPO, TINY, assert_close, child_env, losses, run_trainer
+from trainers.config.parsing import parse_config
 from trainers.core.batch_stream import BatchStream
 from trainers.core.data import TokenFileDataset, tokenized_text
 from trainers.core.distributed import DistEnv
-from trainers.models.huggingface import tiny_llama_config
-from trainers.prepare_data import main as prepare_data
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.corpus import resolve_files, tokenize_corpus
-from trainers.torchfree.data_source import text_source, token_array
-from trainers.torchfree.errors import ConfigError, MissingPathError
-from trainers.torchfree.storage import location
-from trainers.torchfree.token_file import (
+from trainers.errors import ConfigError, MissingPathError
+from trainers.formats.corpus import resolve_files, tokenize_corpus
+from trainers.formats.data_source import text_source, token_array
+from trainers.formats.token_file import (
     MAGIC_UINT16,
     PREFIX_BYTES,
     TOKEN_FILE_HEADER,
     read_header,
     write_token_file,
 )
-from trainers.torchfree.tokenizer import load_tokenizer
+from trainers.formats.tokenizer import load_tokenizer
+from trainers.models.huggingface import tiny_llama_config
+from trainers.runs.storage import location
+from trainers.tools.prepare_data import main as prepare_data
 
 
 def upload(s3, key: str, data: bytes) -> str:
@@ -147,7 +147,7 @@ def test_checking_a_large_token_file_reads_its_header_and_size_only(tmp_path):
     # The id beyond the vocabulary, in the last window, is caught when that window is read.
     refusals = [f"--data {token_file} holds id 1000 at token {IDS - 1:,}, beyond the vocabulary "
                 "of 256 its header records; the file is damaged, rewrite it with `python -m "
-                "trainers.prepare_data`",
+                "trainers.tools.prepare_data`",
                 f"--data {raw} holds id 1000, beyond --vocab-size 256; pass --vocab-size 1001 "
                 "or more (or the right --token-dtype)"]
     for cfg, refusal in zip(checked, refusals, strict=True):
@@ -218,7 +218,7 @@ BAD_URLS = [  # (--data, what the trainers' and prepare_data's line says after t
     ("nothing/", ": no such file or directory; pass a text file, a directory or a glob of .txt, "
      ".jsonl or .parquet files"),
     ("missing.jsonl", ": no such file or directory; pass a text file"),
-    ("missing.bin", ": no such file; make one with `python -m trainers.prepare_data TEXT "
+    ("missing.bin", ": no such file; make one with `python -m trainers.tools.prepare_data TEXT "
      "OUT.bin` or use synthetic"),
     (f"{MISSING_BUCKET}/corpus/*.jsonl",
      ": bucket no-such-bucket-28 does not exist (create it, or fix the URL)"),
@@ -239,7 +239,7 @@ def test_a_data_url_naming_nothing_is_refused_in_one_line(s3, tmp_path, capsys, 
             prepare_data([url, s3.url("out.bin")])
         line = capsys.readouterr().err
         assert exited.value.code == 2 and line.count("\n") == 1
-        assert line.startswith(f"trainers.prepare_data: error: source {url}{says}")
+        assert line.startswith(f"trainers.tools.prepare_data: error: source {url}{says}")
     assert s3.keys() == ["corpus/a.jsonl"] and not (tmp_path / "run").exists()
 
 
@@ -274,11 +274,11 @@ def test_data_from_the_bucket_trains_and_resumes_like_the_same_data_on_disk(s3, 
     connection)."""
     corpus = write_corpus(tmp_path)
     text_url, tokenizer_url = upload_tree(s3, corpus, "corpus"), s3.url("tokenizer.json")
-    command("trainers.train_tokenizer", text_url, "--text-field", "body", "--vocab-size",
+    command("trainers.tools.train_tokenizer", text_url, "--text-field", "body", "--vocab-size",
             "300", "--output", tokenizer_url)
     runs = [*RESUMABLE, "--model", "hf:" + str(tiny_llama_config(tmp_path / "model", 300))]
     tokens = tmp_path / "tokens.bin"
-    command("trainers.prepare_data", str(corpus), str(tokens), "--tokenizer", tokenizer_url,
+    command("trainers.tools.prepare_data", str(corpus), str(tokens), "--tokenizer", tokenizer_url,
             "--text-field", "body")
     tokens_url = upload(s3, "tokens.bin", tokens.read_bytes())
     on_disk, bucket, resumed, text = (tmp_path / n for n in ("disk", "bucket", "again", "text"))

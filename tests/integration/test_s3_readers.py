@@ -19,12 +19,12 @@ import torch
 
 from tests.integration.test_bad_input_models import CASES, bad_hf_dirs
 from tests.support.runs import TINY, losses, one_line_error, run_trainer
-from trainers import export, plot, sample
-from trainers.torchfree import run_plot
-from trainers.torchfree.checkpoint_files import MANIFEST
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.storage import location
+from trainers.config.parsing import parse_config
+from trainers.errors import ConfigError
+from trainers.runs import run_plot
+from trainers.runs.checkpoint_files import MANIFEST
+from trainers.runs.storage import location
+from trainers.tools import export, plot, sample
 
 STEP_4 = "checkpoints/step_00000004"
 
@@ -161,8 +161,8 @@ def test_a_dry_run_never_reads_a_buckets_model(tmp_path):
 def hf_model(tmp_path) -> Path:
     """A tiny Llama saved by transformers in three safetensors shards, with a tokenizer."""
     transformers = pytest.importorskip("transformers")
-    from trainers.core.hf_export import byte_tokenizer
     from trainers.models.huggingface import tiny_llama_config
+    from trainers.tools.hf_export import byte_tokenizer
 
     folder = tiny_llama_config(tmp_path / "tiny-llama")
     torch.manual_seed(3)
@@ -180,7 +180,7 @@ def test_hf_model_in_a_bucket_builds_and_trains_as_its_local_directory(hf_model,
     """Built from the bucket, the model reads each tensor's bytes once and nothing more than
     the files' headers besides; it is the local directory's model, and trains alike."""
     from trainers.models import build_model, huggingface
-    from trainers.torchfree import model_names
+    from trainers.options import model_names
 
     url = upload(hf_model, s3.url("models/tiny-llama"))
     assert model_names.model_shape(f"hf:{url}") == model_names.model_shape(f"hf:{hf_model}")

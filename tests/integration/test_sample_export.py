@@ -14,11 +14,11 @@ import torch
 
 from tests.support.component_runs import COMPONENTS
 from tests.support.runs import TINY, one_line_error, run_trainer
-from trainers import export, sample
-from trainers.core.generate import generate
-from trainers.core.run_model import load_run_model, pick_checkpoint
-from trainers.torchfree.checkpoint_files import MANIFEST, find_checkpoints
-from trainers.torchfree.trainer_table import TRAINERS
+from trainers.options.trainer_table import TRAINERS
+from trainers.runs.checkpoint_files import MANIFEST, find_checkpoints
+from trainers.tools import export, sample
+from trainers.tools.generate import generate
+from trainers.tools.run_model import load_run_model, pick_checkpoint
 
 PROMPT = "héllo wörld ✓ 🙂"
 
@@ -72,7 +72,7 @@ def test_greedy_sampling_is_deterministic_and_the_argmax_of_our_model(tiny_run, 
 
 
 def test_decoding_stops_at_the_stop_id(tiny_run):
-    """generate(stop=ID) ends where ID is drawn (trainers.sample --stop-at-end passes the
+    """generate(stop=ID) ends where ID is drawn (trainers.tools.sample --stop-at-end passes the
     tokenizer's end-of-text id) and returns what came before it."""
     model, _ = load_run_model(tiny_run)
     prompt = list(PROMPT.encode())
@@ -116,7 +116,7 @@ def test_a_tokenizer_json_run_samples_through_it_and_exports_it(tiny_run, tmp_pa
     """A run whose config names a tokenizer.json (here one whose ids are the bytes, so the
     model's output is the byte-level run's) samples through it and exports a copy of it."""
     pytest.importorskip("transformers")
-    from trainers.core.hf_export import byte_tokenizer
+    from trainers.tools.hf_export import byte_tokenizer
 
     tokenizer = tmp_path / "tokenizer.json"
     byte_tokenizer().save(str(tokenizer))

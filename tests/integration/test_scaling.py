@@ -16,9 +16,9 @@ import pytest
 from components.errors import ComponentArgumentError
 from components.scaling import scaling
 from tests.support.runs import REPO, child_env, torchx_cli
-from trainers.scaling import duplicated_sequences
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.step_breakdown import Breakdown
+from trainers.config.parsing import parse_config
+from trainers.scaling.measure import duplicated_sequences
+from trainers.sizing.step_breakdown import Breakdown
 
 TRAINER = ["--model", "tiny", "--batch-size", "8", "--train-samples", "256", "--val-samples",
            "16"]

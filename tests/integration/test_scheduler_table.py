@@ -13,12 +13,12 @@ import pytest
 from torchx.schedulers import DEFAULT_SCHEDULER_MODULES, get_scheduler_factories
 
 from components.errors import ComponentArgumentError
-from components.schedulers import torchx_builtins
 from components.schedulers.k8s.jobset import KubernetesJobSetScheduler
 from components.schedulers.k8s.volcano import KubernetesScheduler
 from components.schedulers.local.cwd import LocalCwdScheduler
 from components.schedulers.local.docker_engine import DockerScheduler
 from components.schedulers.slurm import ExtendedSlurmScheduler
+from components.schedulers.torchx_workarounds import builtin_schedulers
 from tests.support.runs import REPO, losses, torchx_cli
 
 OURS = {"local_cwd": LocalCwdScheduler, "local_docker": DockerScheduler,
@@ -29,10 +29,10 @@ OURS = {"local_cwd": LocalCwdScheduler, "local_docker": DockerScheduler,
 def test_the_table_is_torchxs_with_ours_in_place_of_its_own():
     factories = get_scheduler_factories()
     assert set(factories) == set(DEFAULT_SCHEDULER_MODULES) | set(OURS) | set(
-        torchx_builtins.MODULES)
+        builtin_schedulers.MODULES)
     for name, cls in OURS.items():
         assert type(factories[name]("test")) is cls
-    for name, module in torchx_builtins.MODULES.items():
+    for name, module in builtin_schedulers.MODULES.items():
         if name in DEFAULT_SCHEDULER_MODULES:  # this TorchX still has it: TorchX's own class
             if name in ("lsf", "kubernetes_mcad"):  # no extra dependency to create one
                 assert type(factories[name]("test")).__module__ == module

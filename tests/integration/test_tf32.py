@@ -14,10 +14,10 @@ import torch
 
 from components.fsdp import fsdp
 from tests.support.runs import TINY, losses, run_trainer
+from trainers.config.parsing import parse_config
 from trainers.core.distributed import configure_tf32, tf32_applies
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.trainer_table import TRAINERS
+from trainers.errors import ConfigError
+from trainers.options.trainer_table import TRAINERS
 
 
 @pytest.mark.parametrize("name", sorted(TRAINERS))

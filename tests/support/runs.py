@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from trainers.torchfree.checkpoint_files import find_checkpoints
-from trainers.torchfree.config import without_option
+from trainers.config.parsing import without_option
+from trainers.runs.checkpoint_files import find_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
 

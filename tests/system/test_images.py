@@ -33,8 +33,8 @@ from tests.support.pod_runner import Eviction, run_args
 from tests.support.runs import REPO, assert_same_run, child_env, torchx_cli, without
 from tests.support.volcano_local import pods, run_job, scheduler_request
 from tests.unit.test_image_lock import SCRIPT as LOCK
-from trainers.torchfree.token_file import read_header
-from trainers.torchfree.tokenizer import load_tokenizer
+from trainers.formats.token_file import read_header
+from trainers.formats.tokenizer import load_tokenizer
 
 try:
     import tomllib
@@ -357,7 +357,7 @@ def _core_imports() -> dict[str, str]:
 def test_image_has_every_dependency_and_trains_on_parquet_and_a_tokenizer(engine, tmp_path):
     """The image installs every dependency pyproject.toml declares (`pip check` passes, each
     imports), and the trainer reads a .parquet corpus (pyarrow) and text through a
-    tokenizer.json that trainers.train_tokenizer makes there (tokenizers): one read-only
+    tokenizer.json that trainers.tools.train_tokenizer makes there (tokenizers): one read-only
     container, the corpora written here by tests/integration/test_data_sources.py's helper."""
     write_corpus(tmp_path, "parquet")
     write_corpus(tmp_path, "txt")
@@ -368,7 +368,7 @@ def test_image_has_every_dependency_and_trains_on_parquet_and_a_tokenizer(engine
     script = " && ".join([
         "pip check",
         shlex.join(["python", "-c", IMPORT_EACH, json.dumps(imports)]),
-        "python -m trainers.train_tokenizer outputs/txt --vocab-size 300 "
+        "python -m trainers.tools.train_tokenizer outputs/txt --vocab-size 300 "
         "--output outputs/tokenizer.json",
         f"{train} --data outputs/docs.parquet --text-field body --output-dir outputs/parquet",
         # llama-small: a built-in model whose 4,096 ids hold the tokenizer's 300

@@ -1,4 +1,4 @@
-"""The trainers under Ray Train (``trainers.ray_train``) on a real local Ray cluster.
+"""The trainers under Ray Train (``trainers.on_ray.train``) on a real local Ray cluster.
 
 One cluster serves the session (``ray_cluster``, tests/support/ray_cluster.py): on loopback, a
 head without CPUs and two worker nodes of 2 CPUs each (``ray start --block``), started one at a
@@ -42,9 +42,9 @@ def ray_address(ray_cluster) -> str:
 
 def run_ray(launcher: list[str], trainer: list[str], extra_env: dict[str, str] | None = None,
             timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``python -m trainers.ray_train LAUNCHER -- TRAINER``; returns the finished process."""
+    """``python -m trainers.on_ray.train LAUNCHER -- TRAINER``; returns the finished process."""
     env = {**child_env(), **RAY_ENV, **(extra_env or {})}
-    cmd = [sys.executable, "-m", "trainers.ray_train", *launcher, "--", *trainer]
+    cmd = [sys.executable, "-m", "trainers.on_ray.train", *launcher, "--", *trainer]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -63,7 +63,7 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], returncode: int = 2)
         assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
     errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
     assert len(errors) == 1, proc.stderr[-4000:]
-    assert errors[0].startswith("trainers.ray_train: error: "), errors[0]
+    assert errors[0].startswith("trainers.on_ray.train: error: "), errors[0]
     return errors[0]
 
 
@@ -201,7 +201,7 @@ def test_drained_node_saves_the_agreed_step_and_ray_resumes_it_elsewhere(
     env = {**child_env(), **RAY_ENV, "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
     finder = _worker_node_finder(address)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainers.ray_train", "--trainer", "ddp", "--workers", "2",
+        [sys.executable, "-m", "trainers.on_ray.train", "--trainer", "ddp", "--workers", "2",
          "--address", address, "--", *DRAIN_ARGS, "--output-dir", str(run_dir)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -244,7 +244,7 @@ def test_killed_worker_without_restarts_fails_in_one_line(tmp_path, ray_address)
     assert proc.stderr.strip().splitlines()[-1] == line
     print(line)
     # Ray reports rank 1's death or, if it sees it first, rank 0's broken collective.
-    assert line.startswith("trainers.ray_train: error: training failed: rank "), line
+    assert line.startswith("trainers.on_ray.train: error: training failed: rank "), line
     assert line.endswith("pass --max-failures N to have Ray restart the workers from the last "
                          "checkpoint"), line
 
@@ -282,7 +282,7 @@ def test_an_address_without_a_cluster_is_refused(tmp_path):
     line = _one_line_error(run_ray(["--trainer", "ddp", "--workers", "2", "--address",
                                     f"127.0.0.1:{port}"], [*ARGS, "--output-dir", str(tmp_path)],
                                    timeout=60))
-    assert line == (f"trainers.ray_train: error: --address 127.0.0.1:{port}: no Ray cluster "
+    assert line == (f"trainers.on_ray.train: error: --address 127.0.0.1:{port}: no Ray cluster "
                     "answers there (Connection refused); start one with `ray start --head "
                     f"--port {port}`, pass its head's address, or drop --address to start a "
                     "local cluster")

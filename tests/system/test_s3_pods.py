@@ -24,7 +24,7 @@ from tests.support.pod_runner import HOST_NETWORK, Eviction, run_pods
 from tests.support.runs import TINY, assert_same_run, run_trainer, torchx_cli, without
 from tests.support.volcano_local import pods, scheduler_request
 from tests.system.test_images import IMAGE, engine  # noqa: F401 (the engine fixture)
-from trainers.torchfree.storage import location
+from trainers.runs.storage import location
 
 STEPS = 60
 TRAIN = [*without(TINY, "--steps", "--resume", "--log-every"), "--steps", str(STEPS),

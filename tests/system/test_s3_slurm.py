@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.support.slurm import job_dir, status, submit, trainer_args, wait
-from trainers.torchfree.storage import location
+from trainers.runs.storage import location
 
 
 @pytest.mark.slow

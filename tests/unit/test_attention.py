@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from trainers.config.parsing import build_parser, parse_config
+from trainers.errors import ConfigError
 from trainers.models import build_model
 from trainers.models.attention import (
     ATTENTIONS,
@@ -23,10 +25,8 @@ from trainers.models.attention import (
     tiled,
 )
 from trainers.models.gpt import Attention
-from trainers.torchfree.config import build_parser, parse_config
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.shapes import MODEL_SIZES
-from trainers.torchfree.train_config import TrainConfig
+from trainers.options.train_config import TrainConfig
+from trainers.sizing.shapes import MODEL_SIZES
 
 TOL = {"atol": 1e-5, "rtol": 0.0}
 

@@ -1,6 +1,6 @@
 """``local_docker`` lists a job's containers again where podman's Docker API fails the listing
 because a container's process exited meanwhile (a 500 "no such process"), and raises any other
-error at once (components/schedulers/local/torchx_private_docker.py). TorchX's own listing is
+error at once (components/schedulers/torchx_workarounds/local_docker.py). TorchX's own listing is
 replaced by one that answers as the API did; the real race is in tests/system/test_images.py's
 runs."""
 
@@ -10,8 +10,8 @@ import pytest
 from docker.errors import APIError
 from torchx.schedulers.docker_scheduler import DockerScheduler as TorchXDocker
 
-from components.schedulers.local import torchx_private_docker
 from components.schedulers.local.docker_engine import create_scheduler
+from components.schedulers.torchx_workarounds import local_docker
 
 RACE = APIError('500 Server Error: Internal Server Error ("read /proc/22344/cgroup: no such '
                 'process")')
@@ -31,7 +31,7 @@ def answers(monkeypatch: pytest.MonkeyPatch) -> list[object]:
         return answer
 
     monkeypatch.setattr(TorchXDocker, "_get_containers", listing)
-    monkeypatch.setattr(torchx_private_docker, "LISTING_PAUSE_S", 0.0)
+    monkeypatch.setattr(local_docker, "LISTING_PAUSE_S", 0.0)
     return queue
 
 

@@ -19,11 +19,11 @@ from trainers.core.batch_stream import length_buckets
 from trainers.core.data import InstructionDataset, instruction_datasets
 from trainers.core.loss import IGNORE
 from trainers.core.strategy import Strategy
-from trainers.torchfree import instruction_data as data
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.storage import location
-from trainers.torchfree.tokenizer import BYTES_END_OF_TEXT, load_tokenizer
-from trainers.torchfree.train_config import TrainConfig
+from trainers.errors import ConfigError
+from trainers.formats import instruction_data as data
+from trainers.formats.tokenizer import BYTES_END_OF_TEXT, load_tokenizer
+from trainers.options.train_config import TrainConfig
+from trainers.runs.storage import location
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3+3?"},

@@ -8,14 +8,14 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from tests.support.runs import TINY, without
+from trainers.config.parsing import parse_config
+from trainers.errors import ConfigError
 from trainers.models import build_model, materialize, resolve_spec, spec_of
 from trainers.models.huggingface import tiny_llama_config
 from trainers.models.lora import adapters, merge_adapters, with_lora
 from trainers.models.registry import family_key
-from trainers.torchfree.checkpoint_files import find_checkpoints
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.shapes import MODEL_SIZES
+from trainers.runs.checkpoint_files import find_checkpoints
+from trainers.sizing.shapes import MODEL_SIZES
 
 
 def _adapted(name: str, targets: str = "", seed: int = 0) -> torch.nn.Module:
@@ -88,7 +88,7 @@ def test_training_changes_only_the_adapters(tmp_path, name, targets):
     spec = spec_of(cfg)
     with init_distributed(cfg) as env:
         strategy = build(cfg, env, spec)
-        train(cfg, env, strategy, spec)
+        train(cfg, env, strategy, spec, tmp_path)
     model = strategy.model
     fresh = build_model(name, seed=cfg.seed)
     trained = {name for name, p in model.named_parameters() if p.grad is not None}

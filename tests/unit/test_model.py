@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainers.models import build_model, resolve_spec
-from trainers.torchfree.shapes import MODEL_SIZES
+from trainers.sizing.shapes import MODEL_SIZES
 
 
 def test_logits_shape_and_dtype():

@@ -10,9 +10,9 @@ import torch
 
 from trainers.core.data import PackedDataset
 from trainers.core.loss import IGNORE, cross_entropy
+from trainers.formats.instruction_data import Samples
 from trainers.models import build_model
 from trainers.models.huggingface import tiny_llama_config
-from trainers.torchfree.instruction_data import Samples
 
 SEQ = 48
 

@@ -8,9 +8,9 @@ import itertools
 
 import pytest
 
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.planner import candidates
-from trainers.torchfree.shapes import MODEL_SIZES
+from trainers.config.parsing import parse_config
+from trainers.planning.planner import candidates
+from trainers.sizing.shapes import MODEL_SIZES
 
 # (devices per node, nodes): one GPU, one node, and several nodes of 2, 4 and 8.
 CLUSTERS = [(1, 1), (8, 1), (2, 2), (4, 2), (8, 4)]

@@ -19,9 +19,9 @@ from bench.projection_check import (
     table,
 )
 from tests.support.runs import REPO
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.memory_formulas import Layout, activation_bytes
-from trainers.torchfree.projection import (
+from trainers.errors import ConfigError
+from trainers.sizing.memory_formulas import Layout, activation_bytes
+from trainers.sizing.projection import (
     DEFAULT_MATMUL_EFFICIENCY,
     Assumptions,
     Hardware,
@@ -36,7 +36,7 @@ from trainers.torchfree.projection import (
     ring_all_gather_s,
     ring_reduce_scatter_s,
 )
-from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
+from trainers.sizing.shapes import MODEL_SIZES, ModelConfig
 
 H100 = Hardware(989.4e12, 450.0, 50.0)
 # No latency, full line rate: the bandwidth terms alone.

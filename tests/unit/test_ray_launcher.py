@@ -1,6 +1,6 @@
-"""The Ray Train launcher (``trainers.ray_train``) in this process: its arguments and their
+"""The Ray Train launcher (``trainers.on_ray.train``) in this process: its arguments and their
 one-line refusals, the address probe and the placement check on a cluster's node table
-(``trainers.ray_cluster``), the workers' attempt count (``trainers.ray_worker``), and the
+(``trainers.on_ray.cluster``), the workers' attempt count (``trainers.on_ray.worker``), and the
 loop's hooks that the launcher's workers use. The runs on a real Ray cluster are
 tests/system/test_ray.py."""
 
@@ -12,12 +12,12 @@ import pytest
 import torch.distributed as dist
 
 from tests.support.runs import TINY, losses, without
+from trainers.config.parsing import parse_config
 from trainers.core.distributed import init_distributed
-from trainers.ray_cluster import check_address, check_resources, placeable_workers
-from trainers.ray_train import parse_args
-from trainers.ray_worker import Attempts
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError
+from trainers.errors import ConfigError
+from trainers.on_ray.cluster import check_address, check_resources, placeable_workers
+from trainers.on_ray.train import parse_args
+from trainers.on_ray.worker import Attempts
 
 # The trainer arguments of the launcher cases, and of the runs of tests/system/test_ray.py: 10
 # steps with checkpoints at 4 and 8 (and 10), so a kill at step 6 loses 2 steps.
@@ -143,7 +143,7 @@ def test_step_hook_sees_every_step_and_the_committed_checkpoints(tmp_path):
     seen: list[tuple[int, float, Path | None]] = []
     spec = spec_of(cfg)
     with init_distributed(cfg) as env:
-        train(cfg, env, build(cfg, env, spec), spec,
+        train(cfg, env, build(cfg, env, spec), spec, tmp_path,
               on_step=lambda s, m, c: seen.append((s, m["loss"], c)))
     assert [s for s, _, _ in seen] == [1, 2, 3, 4, 5]
     assert {s: loss for s, loss, _ in seen} == losses(tmp_path)

@@ -1,12 +1,12 @@
 """What trainers.scaling concludes: efficiency, the table and each pitfall with its fix
-(trainers/torchfree/scaling_report.py), from phases as the runs would give them."""
+(trainers/scaling/report.py), from phases as the runs would give them."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainers.torchfree.scaling_report import Facts, Phase, efficiency, pitfalls, table
-from trainers.torchfree.step_breakdown import Breakdown
+from trainers.scaling.report import Facts, Phase, efficiency, pitfalls, table
+from trainers.sizing.step_breakdown import Breakdown
 
 HEALTHY = Facts("ddp", num_workers=0, tp=1, grad_accum=1, duplicated=0, sampled=16)
 

@@ -1,4 +1,4 @@
-"""The search space of ``trainers.tune`` (``trainers.torchfree.search_space``) and the search's
+"""The search space of ``trainers.tune`` (``trainers.tune.search_space``) and the search's
 table, best trial and printed command (``trainers.tune``), in this process without Ray. The
 one-line refusals of bad searches are rows of tests/integration/test_bad_input_commands.py."""
 
@@ -9,15 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from trainers.torchfree.config import without_option
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.search_space import (
+from trainers.config.parsing import without_option
+from trainers.errors import ConfigError
+from trainers.tune.search import (
+    TrialRow,
+    best_command,
+    best_row,
+    parse_args,
+    table,
+    trial_args,
+)
+from trainers.tune.search_space import (
     Axis,
     grid_size,
     parse_axis,
     parse_space,
 )
-from trainers.tune import TrialRow, best_command, best_row, parse_args, table, trial_args
 
 TRIAL = ["--model", "tiny", "--steps", "20", "--eval-every", "5"]
 

@@ -1,11 +1,11 @@
 """The split of a step into compute, exposed communication, data wait and host overhead, from
-profiler intervals (trainers/torchfree/step_breakdown.py)."""
+profiler intervals (trainers/sizing/step_breakdown.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainers.torchfree.step_breakdown import (
+from trainers.sizing.step_breakdown import (
     Breakdown,
     is_comm,
     is_data,

@@ -7,9 +7,9 @@ import pytest
 
 from tests.support.runs import one_line_error
 from trainers import ddp
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.tracker_names import check_trackers, chosen_trackers
+from trainers.config.parsing import parse_config
+from trainers.errors import ConfigError
+from trainers.options.tracker_names import check_trackers, chosen_trackers
 
 
 @pytest.mark.parametrize(("tracker", "tensorboard", "chosen"), [

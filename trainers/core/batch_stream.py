@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainers.core.data import Batch, InstructionDataset
-from trainers.torchfree.errors import ConfigError
+from trainers.errors import ConfigError
 
 BUCKET_BATCHES = 16  # global batches whose samples are sorted by length together
 

@@ -40,10 +40,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from trainers.core import checkpoint_storage as storage
 from trainers.core.distributed import DistEnv
-from trainers.torchfree.checkpoint_files import CHECKPOINTS, FORMAT, find_checkpoints
-from trainers.torchfree.errors import CheckpointWriteError, ConfigError
-from trainers.torchfree.faults import KillPoint, maybe_kill
-from trainers.torchfree.storage import RunPath
+from trainers.errors import CheckpointWriteError, ConfigError
+from trainers.runs.checkpoint_files import CHECKPOINTS, FORMAT, find_checkpoints
+from trainers.runs.faults import KillPoint, maybe_kill
+from trainers.runs.storage import RunPath
 
 # torch 2.11 and 2.12's DefaultStager closes its own state-dict stager at the end of every stage,
 # which empties the stager's copy table: its next stage fails (KeyError: <class 'type'>) and
@@ -80,7 +80,8 @@ class Checkpointer:
     """Saves and resumes the run in ``run_dir``, keeping the ``keep`` newest checkpoints.
 
     ``run_config`` (the run's TrainConfig as a dict) goes into every manifest, so a checkpoint
-    alone says how to rebuild its model (``trainers.sample``, ``trainers.export``); so do the
+    alone says how to rebuild its model (``trainers.tools.sample``,
+                                         ``trainers.tools.export``); so do the
     facts the run keeps across attempts (what ``facts`` returns, asked at each save).
     ``state`` maps names to the Stateful objects every checkpoint holds (saved through DCP,
     the same on every rank or sharded); ``rank_state`` to those private to each rank (saved per

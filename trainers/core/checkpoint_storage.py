@@ -1,6 +1,6 @@
 """Where checkpoints live: every file operation on ``<run>/checkpoints/`` besides DCP's own
 shards, on a local (or mounted) file system or an object store (paths from
-:func:`trainers.torchfree.storage.location`).
+:func:`trainers.runs.storage.location`).
 
 One protocol for both, with no rename (an object store has no atomic directory rename, and a
 copy of a large checkpoint is no commit): checkpoint ``step_<N>/`` is emptied
@@ -8,7 +8,7 @@ copy of a large checkpoint is no commit): checkpoint ``step_<N>/`` is emptied
 DCP's shards straight into it, and once every rank's write succeeded rank 0 writes
 ``manifest.json`` (:func:`commit`), the commit marker: one atomic file write (a PUT on an
 object store) with the size and checksum of every file. A ``step_<N>`` without a manifest is no
-checkpoint to resume, prune, sample or export (:mod:`trainers.torchfree.checkpoint_files`);
+checkpoint to resume, prune, sample or export (:mod:`trainers.runs.checkpoint_files`);
 :func:`prune` keeps the newest committed ones and removes abandoned uncommitted steps.
 :func:`find_resumable` picks the checkpoint a run resumes from, verifying manifests. The
 collective protocol around these (who writes what when) is
@@ -27,7 +27,8 @@ from torch.distributed.checkpoint import StorageWriter
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
-from trainers.torchfree.checkpoint_files import (
+from trainers.errors import ConfigError
+from trainers.runs.checkpoint_files import (
     MANIFEST,
     PREFIX,
     check_format,
@@ -38,8 +39,7 @@ from trainers.torchfree.checkpoint_files import (
     step_of,
     verify,
 )
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.storage import RunPath, is_remote, location, remove, write_bytes_atomic
+from trainers.runs.storage import RunPath, is_remote, location, remove, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 

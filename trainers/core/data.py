@@ -1,7 +1,7 @@
 """Training data: built-in learnable synthetic sequences and token ids (a token file, a raw
 .bin, or a text corpus tokenized once into a cached token file), memory-mapped from a local
 file or read from an object store one window per ranged request; and instruction or chat
-samples (:mod:`trainers.torchfree.instruction_data`), one per sequence, padded.
+samples (:mod:`trainers.formats.instruction_data`), one per sequence, padded.
 
 The datasets return ``(inputs, targets)`` shifted by one: windows of ``seq_len`` tokens cut
 from the ids, or a sample with its targets :data:`~trainers.core.loss.IGNORE` where they are
@@ -21,8 +21,8 @@ from torch.utils.data import Dataset
 
 from trainers.core.distributed import DistEnv
 from trainers.core.loss import IGNORE
-from trainers.torchfree.corpus import progress_line, tokenize_corpus
-from trainers.torchfree.data_source import (
+from trainers.formats.corpus import progress_line, tokenize_corpus
+from trainers.formats.data_source import (
     SYNTHETIC,
     TEXT,
     data_kind,
@@ -30,7 +30,7 @@ from trainers.torchfree.data_source import (
     text_source,
     token_array,
 )
-from trainers.torchfree.instruction_data import (
+from trainers.formats.instruction_data import (
     Samples,
     kept_samples,
     packs,
@@ -38,15 +38,15 @@ from trainers.torchfree.instruction_data import (
     tokenize_samples,
     write_samples,
 )
-from trainers.torchfree.storage import is_remote
-from trainers.torchfree.token_file import (
+from trainers.formats.token_file import (
     StoredIds,
     TokenArray,
     check_ids,
     check_token_array,
     read_header,
 )
-from trainers.torchfree.train_config import TrainConfig, model_vocab
+from trainers.options.train_config import TrainConfig, model_vocab
+from trainers.runs.storage import is_remote
 
 # (inputs, targets), or (inputs, targets, positions) of packed samples (PackedDataset)
 Batch = tuple[torch.Tensor, ...]
@@ -107,7 +107,7 @@ class TokenFileDataset(Dataset[Batch]):
     """Non-overlapping windows of the token ids of a token file or a raw .bin: memory-mapped,
     or on an object store by ranged requests, a batch's windows concurrently
     (:meth:`__getitems__`, which the DataLoader calls). Each window's ids are checked against
-    the vocabulary as they are read (:func:`~trainers.torchfree.token_file.check_ids`).
+    the vocabulary as they are read (:func:`~trainers.formats.token_file.check_ids`).
 
     The first ``1 - val_fraction`` of the windows are the ``train`` split, the rest ``val``.
     """
@@ -143,7 +143,7 @@ class TokenFileDataset(Dataset[Batch]):
 
 def shifted_sample(samples: Samples, index: int, seq_len: int) -> Batch:
     """Sample ``index`` cut to its first ``seq_len + 1`` tokens (the truncation rule of
-    :mod:`trainers.torchfree.instruction_data`) as ``(inputs, targets)`` shifted by one, the
+    :mod:`trainers.formats.instruction_data`) as ``(inputs, targets)`` shifted by one, the
     targets :data:`~trainers.core.loss.IGNORE` where not in the loss."""
     start = int(samples.starts[index])
     end = min(int(samples.starts[index + 1]), start + seq_len + 1)
@@ -154,7 +154,7 @@ def shifted_sample(samples: Samples, index: int, seq_len: int) -> Batch:
 
 class InstructionDataset(Dataset[Batch]):
     """Samples ``indices`` of ``samples``, one per item, cut to ``seq_len + 1`` tokens (the
-    truncation rule of :mod:`trainers.torchfree.instruction_data`): inputs padded with id 0
+    truncation rule of :mod:`trainers.formats.instruction_data`): inputs padded with id 0
     and targets with :data:`~trainers.core.loss.IGNORE` to ``seq_len``, the targets also
     IGNORE where the sample's tokens are not in the loss. :meth:`collate` cuts a batch to its
     longest sample, rounded up to a multiple of ``multiple`` (0: never cut, every batch
@@ -234,7 +234,7 @@ class PackedDataset(Dataset[Batch]):
 def instruction_datasets(cfg: TrainConfig, samples: Samples) -> tuple[Dataset[Batch],
                                                                       Dataset[Batch]]:
     """The last ``--val-fraction`` of the samples (at least one) for evaluation, the rest for
-    training. Packed (:func:`~trainers.torchfree.instruction_data.packs`): :class:`PackedDataset`;
+    training. Packed (:func:`~trainers.formats.instruction_data.packs`): :class:`PackedDataset`;
     padded: :class:`InstructionDataset`,
     batches cut to their longest sample except under a pipeline (``--pp`` > 1), and to a
     multiple of ``--tp`` under sequence parallelism."""
@@ -280,7 +280,7 @@ def tokenized_text(cfg: TrainConfig, env: DistEnv) -> TokenArray:
 def tokenized_samples(cfg: TrainConfig, env: DistEnv) -> Samples:
     """The cached samples of instruction ``--data``, written if missing as
     :func:`tokenized_text` writes a token file, less those whose whole completion ``--seq-len``
-    cuts (:func:`~trainers.torchfree.instruction_data.kept_samples`: every rank reads the same
+    cuts (:func:`~trainers.formats.instruction_data.kept_samples`: every rank reads the same
     cache and keeps the same samples)."""
     files, tokenizer, fmt, cache = instruction_source(cfg)
     writer = env.rank == 0 if is_remote(cache) else env.local_rank == 0

@@ -19,8 +19,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.train_config import TrainConfig
+from trainers.errors import ConfigError
+from trainers.options.train_config import TrainConfig
 
 
 @dataclass(frozen=True)

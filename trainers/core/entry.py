@@ -14,20 +14,20 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from trainers.config.parsing import exit_on_config_error, parse_or_exit
 from trainers.core.distributed import DistEnv, init_distributed
 from trainers.core.loop import StepHook, train
 from trainers.core.oom import explain_out_of_memory
 from trainers.core.preemption import Notice
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec, spec_of
-from trainers.torchfree.config import exit_on_config_error, parse_or_exit
-from trainers.torchfree.log_setup import configure_logging
-from trainers.torchfree.preemption_signals import exit_status
-from trainers.torchfree.run_record import run_record, write_config
-from trainers.torchfree.storage import location
-from trainers.torchfree.tracker_names import check_trackers
-from trainers.torchfree.train_config import TrainConfig
-from trainers.torchfree.trainer_table import trainer
+from trainers.options.tracker_names import check_trackers
+from trainers.options.train_config import TrainConfig
+from trainers.options.trainer_table import trainer
+from trainers.runs.log_setup import configure_logging
+from trainers.runs.preemption_signals import exit_status
+from trainers.runs.run_record import run_record, write_config
+from trainers.runs.storage import location
 
 StrategyBuilder = Callable[[TrainConfig, DistEnv, ModelSpec], Strategy]
 
@@ -51,15 +51,15 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
     :func:`trainers.core.loop.train`).
 
     A run stopped by a preemption signal (its checkpoint saved) leaves the process group and
-    exits ``128 + signal`` (:func:`trainers.torchfree.preemption_signals.exit_status`).
+    exits ``128 + signal`` (:func:`trainers.runs.preemption_signals.exit_status`).
     The chosen trackers' packages are checked first: where the trainer runs, not where a
     component submits it."""
     check_trackers(cfg.tracker, cfg.tensorboard, packages=True)
     with init_distributed(cfg, device) as env, explain_out_of_memory(cfg, name, env.device):
         spec = spec_of(cfg)  # a model it cannot resolve (or adapt) is refused first
+        run_dir = location(cfg.output_dir)
         if env.is_main:
-            write_config(location(cfg.output_dir),
-                         run_record(cfg.to_dict(), name, argv, env.world_size))
-        summary = train(cfg, env, build(cfg, env, spec), spec, on_step, notice)
+            write_config(run_dir, run_record(cfg.to_dict(), name, argv, env.world_size))
+        summary = train(cfg, env, build(cfg, env, spec), spec, run_dir, on_step, notice)
     if summary.get("preempted"):
         raise SystemExit(exit_status(signal.Signals[summary["preempted"]]))

@@ -67,13 +67,13 @@ from trainers.core.run_state import (
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec
 from trainers.models.lora import check_resumable
-from trainers.torchfree.checkpoint_files import saved_manifest, step_of
-from trainers.torchfree.faults import kill_point, maybe_kill, restart_count
-from trainers.torchfree.preemption_signals import exit_status, parse_signals
-from trainers.torchfree.shapes import ModelConfig
-from trainers.torchfree.storage import RunPath, location
-from trainers.torchfree.tracker_names import chosen_trackers
-from trainers.torchfree.train_config import TrainConfig
+from trainers.options.tracker_names import chosen_trackers
+from trainers.options.train_config import TrainConfig
+from trainers.runs.checkpoint_files import saved_manifest, step_of
+from trainers.runs.faults import kill_point, maybe_kill, restart_count
+from trainers.runs.preemption_signals import exit_status, parse_signals
+from trainers.runs.storage import RunPath
+from trainers.sizing.shapes import ModelConfig
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -114,10 +114,11 @@ def lr_factor(step: int, cfg: TrainConfig, schedule_steps: int) -> float:
 StepHook = Callable[[int, dict[str, float], RunPath | None], None]
 
 
-def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
+def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec, run_dir: RunPath,
           on_step: StepHook | None = None, notice: Notice | None = None) -> dict[str, Any]:
     """Run ``cfg.steps`` optimizer steps of ``strategy``'s model, built from ``spec`` (resuming
-    if asked); return the summary (all ranks).
+    if asked), writing into ``run_dir`` (``--output-dir``, resolved once by the caller); return
+    the summary (all ranks).
 
     ``on_step`` (optional) receives every step's metrics on every rank, in order, at the flush
     points (:data:`StepHook`), with the checkpoint directory committed at that step, if any.
@@ -128,7 +129,7 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
     notice, asked after every step) returning True on any rank, ends the run after the step
     all ranks agree on, with a checkpoint of it; the summary's ``preempted`` names the signal.
     """
-    run, state = start_run(cfg, env, strategy, spec.shape)
+    run, state = start_run(cfg, env, strategy, spec.shape, run_dir)
     with PreemptionWatch(parse_signals(cfg.preemption_signals), env, notice) as watch, \
             contextlib.closing(run.checkpointer), contextlib.closing(run.writer), \
             StepProfiler(cfg.profile_steps, state.start_step + 1, cfg.steps,
@@ -157,12 +158,12 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec,
         return finish(run, state)
 
 
-def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
-              shape: ModelConfig) -> tuple[Run, RunState]:
+def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy, shape: ModelConfig,
+              run_dir: RunPath) -> tuple[Run, RunState]:
     """Data, optimizer and checkpointer of ``strategy``'s model; the checkpoint resumed, if
     any; the metrics sink (which gets the line about instruction samples skipped, if any) and
     what MFU is measured against."""
-    run_dir = location(cfg.output_dir)
+    strategy.attach_run(run_dir)
     train_set, val_set = build_datasets(cfg, env)
     micro = cfg.micro_batch(strategy.dp_size)
     stream = BatchStream(train_set, micro, strategy.dp_rank, strategy.dp_size, cfg.seed,
@@ -201,7 +202,7 @@ def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy,
               train_set=train_set, progress=progress, checkpointer=checkpointer, writer=writer,
               autocast=strategy.autocast(cfg.dtype, env.device),
               throughput=Throughput.measured(cfg, env, shape, writer.print),
-              params=shape.num_params(), kill_at=kill_at)
+              params=shape.num_params(), kill_at=kill_at, run_dir=run_dir)
     return run, RunState(facts=facts, start_step=progress.step, wall_start=time.perf_counter())
 
 

@@ -2,7 +2,7 @@
 :mod:`trainers.core.trackers`), summary.json, MFU.
 
 Only rank 0 writes. On an object store (``--output-dir s3://...``) the appended files and a
-``console.log`` of the printed lines go through a :class:`trainers.torchfree.mirror.Mirror`:
+``console.log`` of the printed lines go through a :class:`trainers.runs.mirror.Mirror`:
 written locally, copied to the run's URL at every checkpoint (:meth:`MetricsWriter.sync`) and
 at :meth:`MetricsWriter.close`. Peak memory is CUDA's max allocated bytes on GPUs and the
 process's peak resident set size on the CPU. MFU divides achieved FLOP/s by a peak the user sets
@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 from trainers.core.trackers import IDS_FILE, PLOT_TRACKERS, Guarded, open_trackers
-from trainers.torchfree.mirror import Mirror
-from trainers.torchfree.run_plot import load_run, render
-from trainers.torchfree.run_record import read_config
-from trainers.torchfree.storage import RunPath, write_bytes_atomic
+from trainers.runs.mirror import Mirror
+from trainers.runs.run_plot import load_run, render
+from trainers.runs.run_record import read_config
+from trainers.runs.storage import RunPath, write_bytes_atomic
 
 CONSOLE_LOG = "console.log"
 
@@ -119,7 +119,7 @@ class MetricsWriter:
     lines. A run on an object store also keeps the printed lines in ``console.log`` (its pods'
     logs go with them).
 
-    ``trackers`` (names from :data:`trainers.torchfree.tracker_names.TRACKERS`) get every
+    ``trackers`` (names from :data:`trainers.options.tracker_names.TRACKERS`) get every
     step's metrics as metrics.jsonl does, the run's config.json options as parameters, its
     directory and git commit as tags, and the summary (:meth:`log_summary`).
     """

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import torch
 
 from trainers.core.metrics import peak_memory_bytes
-from trainers.torchfree.planner import GIB, job_candidate
-from trainers.torchfree.train_config import TrainConfig
-from trainers.torchfree.trainer_table import TRAINERS
+from trainers.options.train_config import TrainConfig
+from trainers.options.trainer_table import TRAINERS
+from trainers.planning.planner import GIB, job_candidate
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -38,8 +38,9 @@ def report(cfg: TrainConfig, trainer: str, device: torch.device) -> str:
     if cfg.dtype == "fp32":
         tries.append("--dtype bf16")
     tries.extend(TRAINERS[trainer].oom_hints)
-    tries.append(f"python -m trainers.plan --model {cfg.model} --global-batch {cfg.batch_size} "
-                 "--device-memory-gb <GiB> for a configuration that fits")
+    tries.append(f"python -m trainers.planning.plan --model {cfg.model} "
+                 f"--global-batch {cfg.batch_size} --device-memory-gb <GiB> for a configuration "
+                 "that fits")
     lines = [f"{TRAINERS[trainer].module}: out of memory ({reached}). Predicted per rank for "
              f"this job ({job.describe()}):",
              f"  parameters {a.params / GIB:.2f} GiB, gradients {a.grads / GIB:.2f} GiB, "

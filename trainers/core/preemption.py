@@ -4,7 +4,7 @@
 (a second signal, say during the save, changes nothing). After every step the ranks agree in
 one small all-reduce on the host (gloo, whatever the training backend) whether any of them was
 signalled, so all of them save the same step and stop together (:mod:`trainers.core.loop`);
-the process then exits ``128 + signal`` (:func:`trainers.torchfree.preemption_signals.exit_status`).
+the process then exits ``128 + signal`` (:func:`trainers.runs.preemption_signals.exit_status`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from trainers.core.distributed import DistEnv
 
 # A launcher's own preemption notice, asked once per step on every rank (e.g. Ray's node
-# drain, trainers.ray_train): True once this rank's node is going away; handled as a SIGTERM.
+# drain, trainers.on_ray.train): True once this rank's node is going away; handled as a SIGTERM.
 Notice = Callable[[], bool]
 
 

@@ -1,5 +1,5 @@
 """``--profile-steps N``: torch.profiler over an attempt's last N steps, split into compute,
-exposed communication, data wait and host overhead (:mod:`trainers.torchfree.step_breakdown`).
+exposed communication, data wait and host overhead (:mod:`trainers.sizing.step_breakdown`).
 
 The loop calls :meth:`StepProfiler.step` after every step and :meth:`StepProfiler.report` once
 the steps are done. The step before the profiled ones is the profiler's warm-up. At the end,
@@ -26,7 +26,8 @@ import torch.distributed as dist
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from trainers.torchfree.step_breakdown import (
+from trainers.runs.storage import RunPath, write_bytes_atomic
+from trainers.sizing.step_breakdown import (
     Breakdown,
     Interval,
     breakdown_of,
@@ -35,7 +36,6 @@ from trainers.torchfree.step_breakdown import (
     mean_breakdown,
     step_breakdown,
 )
-from trainers.torchfree.storage import RunPath, write_bytes_atomic
 
 PROFILE_FILE = "profile.json"
 TRACE_FILE = "profile-trace.json"

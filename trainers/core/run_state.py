@@ -25,13 +25,12 @@ from trainers.core.data import Batch, MarkovChainDataset, dataset_samples
 from trainers.core.distributed import DistEnv
 from trainers.core.metrics import MetricsWriter, bf16_matmul_hardware, measure_peak_flops
 from trainers.core.strategy import Strategy
-from trainers.torchfree.faults import KillPoint
-from trainers.torchfree.memory_formulas import adapter_params
-from trainers.torchfree.planner import adapters_of
-from trainers.torchfree.run_record import changed_options
-from trainers.torchfree.shapes import FAMILIES, ModelConfig
-from trainers.torchfree.storage import RunPath, location
-from trainers.torchfree.train_config import TrainConfig
+from trainers.options.train_config import TrainConfig
+from trainers.runs.faults import KillPoint
+from trainers.runs.run_record import changed_options
+from trainers.runs.storage import RunPath
+from trainers.sizing.memory_formulas import Adapters, adapter_params
+from trainers.sizing.shapes import FAMILIES, ModelConfig
 
 
 @dataclass
@@ -84,7 +83,7 @@ def model_flops_per_token(cfg: TrainConfig, shape: ModelConfig) -> int:
     """The FLOPs per token MFU counts for ``cfg``'s run: a LoRA run's (``--lora-rank``) with
     the base frozen (4 per base weight and 6 per adapter parameter) where the family's linear
     layers are known (gpt, llama), else full training's 6 per parameter."""
-    adapters = adapters_of(cfg)
+    adapters = Adapters.of(cfg.lora_rank, cfg.lora_targets)
     if adapters is None or shape.family not in FAMILIES:
         return shape.flops_per_token(cfg.seq_len)
     return shape.flops_per_token(cfg.seq_len, adapter_params(shape, adapters)[0])
@@ -109,10 +108,7 @@ class Run:
     throughput: Throughput
     params: int  # the model's parameter count
     kill_at: KillPoint | None  # an injected fault (tests), or None
-
-    @property
-    def run_dir(self) -> RunPath:
-        return location(self.cfg.output_dir)
+    run_dir: RunPath  # --output-dir, resolved once
 
 
 @dataclass

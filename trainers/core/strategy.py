@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from trainers.core.data import Batch
 from trainers.core.loss import counted_tokens, cross_entropy
+from trainers.runs.storage import RunPath
 
 
 class Strategy:
@@ -37,6 +38,10 @@ class Strategy:
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self.dp_group = dp_group
+
+    def attach_run(self, run_dir: RunPath) -> None:
+        """Where the run writes, given once before its first step; a strategy that writes
+        records of its own keeps it (the pipeline's timeline). The default writes nothing."""
 
     def no_sync(self) -> contextlib.AbstractContextManager[None]:
         """Context in which backward does not synchronise gradients across replicas."""

@@ -4,7 +4,7 @@ Rank 0's :class:`~trainers.core.metrics.MetricsWriter` opens the trackers the co
 (:func:`open_trackers`) and gives each the figures it writes to metrics.jsonl, at the same
 steps; the run's resolved options as parameters and its directory and git commit as tags when
 the tracker's run is new; ``summary.json`` as final metrics and the run's plot
-(:mod:`trainers.torchfree.run_plot`) as an artifact at the end (trackers in
+(:mod:`trainers.runs.run_plot`) as an artifact at the end (trackers in
 :data:`PLOT_TRACKERS`). A tracker's package is
 imported only when it is chosen. Where and under which project a run is reported comes from the
 trackers' own environment variables (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``,

@@ -19,7 +19,7 @@ from trainers.models.attention import attention_fn, packed_sdpa, sdpa
 from trainers.models.common import block_tp_plan, scaled_init
 from trainers.models.protocol import ModelSpec
 from trainers.models.registry import register_family
-from trainers.torchfree.shapes import ModelConfig
+from trainers.sizing.shapes import ModelConfig
 
 
 class Attention(nn.Module):

@@ -12,7 +12,7 @@ byte is fetched twice and no local copy of a multi-GB file is needed.
 ddp and fsdp (with activation checkpointing) train it; it has no tensor-parallel plan and no
 pipeline split, so those trainers refuse it before it starts. The module registers it as the
 ``hf`` family; what the torch-free checks refuse (a config.json that is not a causal LM's, an
-unreadable safetensors file) never reaches it (:mod:`trainers.torchfree.model_names`).
+unreadable safetensors file) never reaches it (:mod:`trainers.options.model_names`).
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainers.errors import ConfigError
 from trainers.models.common import normal_init
 from trainers.models.protocol import ModelSpec, ParameterInit
 from trainers.models.registry import register_family
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.model_names import hf_directory, read_range, safetensors_header
-from trainers.torchfree.shapes import ModelConfig
-from trainers.torchfree.storage import RunPath, is_remote
+from trainers.options.model_names import hf_directory, read_range, safetensors_header
+from trainers.runs.storage import RunPath, is_remote
+from trainers.sizing.shapes import ModelConfig
 
 
 class CausalLM(nn.Module):

@@ -1,7 +1,7 @@
 """The Llama-style family: RMSNorm, rotary positions, SwiGLU and grouped-query attention.
 
 Laid out as Hugging Face's ``LlamaForCausalLM`` computes (rotary on the two halves of each
-head, ``rotate_half``), so a checkpoint exports to it by renaming (``trainers.export``).
+head, ``rotate_half``), so a checkpoint exports to it by renaming (``trainers.tools.export``).
 Attention projections are ``wq`` (``n_heads`` heads) and ``wk``/``wv`` (``n_kv_heads``
 heads, each shared by ``n_heads / n_kv_heads`` query heads); the MLP is
 ``down(silu(gate(x)) * up(x))``. Attention infers its local head counts from the projection
@@ -20,7 +20,7 @@ from trainers.models.attention import attention_fn, packed_sdpa, sdpa
 from trainers.models.common import block_tp_plan, scaled_init
 from trainers.models.protocol import ModelSpec
 from trainers.models.registry import register_family
-from trainers.torchfree.shapes import ModelConfig
+from trainers.sizing.shapes import ModelConfig
 
 
 def rotary_tables(head_dim: int, seq: int, theta: float, device: torch.device

@@ -12,18 +12,19 @@ gives every parameter, so every trainer at every world size starts from the same
 
 A training run with ``--dtype bf16`` holds the frozen base's linear layers (their weights and
 biases: every ``nn.Linear`` but the adapters, targeted or not, the head included unless it is
-tied to the embedding) in bf16 (:func:`spec_of`, ``frozen_dtype``): they never step, so they
-need no fp32 master, and autocast and FSDP's bf16 policy compute with their bf16 cast anyway.
+tied to the embedding) in bf16 (:func:`~trainers.models.run_spec.spec_of`, ``frozen_dtype``):
+they never step, so they need no fp32 master, and autocast and FSDP's bf16 policy compute with
+their bf16 cast anyway.
 :func:`trainers.models.weights.materialize` fills them with the bf16 rounding of their fp32
 initial value, so such a run computes exactly what it did with an fp32 base. Embeddings and
 norms stay fp32 (autocast reads them in fp32), and so do the adapters. A run's model rebuilt
-for sampling and export (:func:`run_spec`) keeps an fp32 base.
+for sampling and export (:func:`~trainers.models.run_spec.run_spec`) keeps an fp32 base.
 
-Every trainer builds from the spec :func:`spec_of` resolves (:func:`run_spec` for a run's
-recorded options: sampling, export), which applies this when ``--lora-rank`` > 0, so adapters
+Every trainer builds from the spec :mod:`trainers.models.run_spec` resolves (for a run's
+recorded options too: sampling, export), which applies this when ``--lora-rank`` > 0, so adapters
 exist before any parallelism is applied (FSDP2 then wraps frozen and trainable parameters in
 one unit) and before any weight is allocated. This module lives with the models, not in
-:mod:`trainers.parallel`: it is a change of the model, and :mod:`trainers.core.run_model`
+:mod:`trainers.parallel`: it is a change of the model, and :mod:`trainers.tools.run_model`
 (which rebuilds a run's model for sampling and export) needs it.
 """
 
@@ -32,19 +33,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainers.errors import ConfigError
 from trainers.models.protocol import ModelSpec
-from trainers.models.registry import family_key, resolve_spec
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.memory_formulas import LORA_DEFAULT_TARGETS, parse_targets
-
-if TYPE_CHECKING:
-    from trainers.torchfree.train_config import TrainConfig
+from trainers.sizing.memory_formulas import LORA_DEFAULT_TARGETS, parse_targets
 
 ADAPTER_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 
@@ -154,21 +151,6 @@ def lora_from_options(spec: ModelSpec, family: str, options: Mapping[str, Any],
         return spec
     return with_lora(spec, family, rank, options["lora_alpha"], options["lora_dropout"],
                      options["lora_targets"], frozen_dtype)
-
-
-def run_spec(options: Mapping[str, Any], frozen_dtype: torch.dtype = torch.float32) -> ModelSpec:
-    """The spec of the model a run trains from its options (a ``TrainConfig`` as a dict, or
-    the config in a checkpoint's manifest), with adapters when ``lora_rank`` > 0 (the frozen
-    linear layers in ``frozen_dtype``)."""
-    spec = resolve_spec(options["model"], options["dropout"], options["attention"],
-                        options["attention_window"])
-    return lora_from_options(spec, family_key(options["model"]), options, frozen_dtype)
-
-
-def spec_of(cfg: TrainConfig) -> ModelSpec:
-    """The spec of the model ``cfg`` trains (:func:`run_spec`): under ``--dtype bf16`` the
-    frozen base's linear layers are held in bf16."""
-    return run_spec(cfg.to_dict(), torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
 
 
 def _adapters_asked(options: Mapping[str, Any]) -> str:

@@ -3,7 +3,7 @@
 Every trainer (ddp, fsdp, tensor_parallel, pipeline, model_parallel) and Ray Train work from a
 :class:`ModelSpec`, never from attribute names of one model. A spec says
 
-* ``shape``: the shape facts (:class:`trainers.torchfree.shapes.ModelConfig`) the planner, MFU and
+* ``shape``: the shape facts (:class:`trainers.sizing.shapes.ModelConfig`) the planner, MFU and
   the pre-flight checks read;
 * ``build()``: the model, called under ``torch.device("meta")``; its forward takes token ids
   ``(batch, seq)`` and returns logits ``(batch, seq, vocab)``;
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from trainers.torchfree.shapes import FAMILIES, ModelConfig
+from trainers.sizing.shapes import FAMILIES, ModelConfig
 
 ParameterInit = Callable[[str, torch.Tensor, torch.Generator], None]
 TensorParallelPlan = Callable[[bool], dict[str, object]]

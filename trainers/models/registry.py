@@ -1,7 +1,7 @@
 """The families ``--model`` names resolve through, and the functions that resolve them.
 
 A family is a function ``(name, shape) -> ModelSpec``: the ``--model`` name and its shape facts
-(:func:`trainers.torchfree.model_names.model_shape`, a built-in size's with the run's dropout
+(:func:`trainers.options.model_names.model_shape`, a built-in size's with the run's dropout
 and attention) to the spec the trainers build from. Families register themselves under a key
 with :func:`register_family` when their module is imported; the key of a ``--model`` name is
 its built-in size's family (``gpt``, ``llama``), ``hf`` (``hf:DIR``) or ``module``
@@ -15,10 +15,10 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 
+from trainers.errors import ConfigError
 from trainers.models.protocol import ModelSpec
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.model_names import model_kind, model_shape
-from trainers.torchfree.shapes import MODEL_SIZES, ModelConfig
+from trainers.options.model_names import model_kind, model_shape
+from trainers.sizing.shapes import MODEL_SIZES, ModelConfig
 
 Family = Callable[[str, ModelConfig], ModelSpec]
 

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+from trainers.errors import ConfigError
 from trainers.models.protocol import ModelSpec
 from trainers.models.registry import register_family
-from trainers.torchfree.errors import ConfigError
-from trainers.torchfree.model_names import import_spec
-from trainers.torchfree.shapes import ModelConfig
+from trainers.options.model_names import import_spec
+from trainers.sizing.shapes import ModelConfig
 
 
 def user_spec(name: str, shape: ModelConfig) -> ModelSpec:

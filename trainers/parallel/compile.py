@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from trainers.models import ModelSpec
+from trainers.options.train_config import TrainConfig
 from trainers.parallel.checkpointing import apply_activation_checkpointing
-from trainers.torchfree.train_config import TrainConfig
 
 
 def apply_compile(model: nn.Module, spec: ModelSpec) -> None:

@@ -12,10 +12,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from trainers.models import ModelSpec, materialize
+from trainers.options.train_config import TrainConfig
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.fsdp import apply_fsdp
 from trainers.parallel.tensor_parallel import apply_tensor_parallel
-from trainers.torchfree.train_config import TrainConfig
 
 
 def parallelize(model: nn.Module, spec: ModelSpec, cfg: TrainConfig, device: torch.device,

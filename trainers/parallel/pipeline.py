@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -36,8 +35,9 @@ from trainers.core.data import Batch
 from trainers.core.loss import cross_entropy
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec
+from trainers.options.train_config import TrainConfig
 from trainers.parallel.pipeline_timeline import TimedStage
-from trainers.torchfree.train_config import TrainConfig
+from trainers.runs.storage import RunPath
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
              "interleaved1f1b": ScheduleInterleaved1F1B,
@@ -121,8 +121,8 @@ class PipelineStrategy(Strategy):
         stage_class = TimedStage if cfg.record_timeline else PipelineStage
         self.stages = [stage_class(part, i, num_stages, device, group=self.pp_group)
                        for part, i in zip(self.parts, indices, strict=True)]
-        self.timeline = (Path(cfg.output_dir) / f"timeline.rank{dist.get_rank()}.jsonl"
-                         if cfg.record_timeline else None)
+        self.record_timeline = cfg.record_timeline
+        self.timeline: RunPath | None = None  # set by attach_run when recording
         self.steps_recorded = 0
         schedule_class = SCHEDULES[cfg.schedule]
         stages = self.stages if cfg.virtual_stages > 1 else self.stages[0]
@@ -164,6 +164,10 @@ class PipelineStrategy(Strategy):
         if self.timeline is not None:
             self._write_timeline()
         return self._broadcast_loss(losses, inputs.device)
+
+    def attach_run(self, run_dir: RunPath) -> None:
+        if self.record_timeline:
+            self.timeline = run_dir / f"timeline.rank{dist.get_rank()}.jsonl"
 
     def _write_timeline(self) -> None:
         """Append this step's record of every local stage as one JSON line."""

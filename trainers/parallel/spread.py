@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from trainers.errors import ConfigError
 from trainers.models import ModelSpec
-from trainers.torchfree.errors import ConfigError
 
 
 def _move_inputs(device: torch.device) -> Callable:

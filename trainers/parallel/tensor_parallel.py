@@ -11,8 +11,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from trainers.errors import ConfigError
 from trainers.models import ModelSpec
-from trainers.torchfree.errors import ConfigError
 
 
 def apply_tensor_parallel(model: nn.Module, spec: ModelSpec, tp_mesh: DeviceMesh,

@@ -25,9 +25,9 @@ from components.schedulers.k8s.preemption import (
     DEFAULT_TERMINATION_GRACE_S,
     TERMINATION_GRACE_HELP,
 )
-from components.schedulers.k8s.torchx_private import TorchXKubernetesScheduler
 from components.schedulers.run_options import StrictRunOptions
 from components.schedulers.submit import SubmitChecks
+from components.schedulers.torchx_workarounds.k8s import TorchXKubernetesScheduler
 
 LIST = List[str]  # noqa: UP006 (runopts compares option types with typing.List[str])
 

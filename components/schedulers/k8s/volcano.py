@@ -42,7 +42,7 @@ from components.schedulers.k8s.options import (
 )
 from components.schedulers.k8s.pod import customize_pod, pod_options, processes_per_pod
 from components.schedulers.k8s.preemption import restart_policy
-from components.torchx_compat import replace_cfg
+from components.schedulers.torchx_workarounds.releases import replace_cfg
 
 NAME = "kubernetes"
 

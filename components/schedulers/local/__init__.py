@@ -1,5 +1,4 @@
 """The schedulers that run a job on this machine: ``local_cwd`` (processes in the current
 directory, :mod:`.cwd`) and ``local_docker`` (containers of a Docker Engine API, Docker or
-podman, :mod:`.docker_engine`); :mod:`.torchx_private` and :mod:`.torchx_private_docker` are
-the only modules that use TorchX's private names (one a scheduler, so that ``local_cwd`` does not
-import TorchX's Docker scheduler)."""
+podman, :mod:`.docker_engine`). What they need of TorchX's private names is in
+:mod:`components.schedulers.torchx_workarounds.local` and ``.local_docker``."""

@@ -30,9 +30,9 @@ from torchx.schedulers.api import DescribeAppResponse
 from torchx.schedulers.local_scheduler import CWDImageProvider
 from torchx.specs import AppState
 
-from components.schedulers.local.torchx_private import TorchXLocalScheduler
 from components.schedulers.run_options import StrictRunOptions
 from components.schedulers.submit import SubmitChecks
+from components.schedulers.torchx_workarounds.local import TorchXLocalScheduler
 
 
 def jobs_dir() -> Path:

@@ -25,9 +25,9 @@ from torchx.specs import AppDef, AppState, Role
 
 from components.containers import reference_error
 from components.errors import ComponentArgumentError
-from components.schedulers.local.torchx_private_docker import TorchXDockerScheduler
 from components.schedulers.run_options import StrictRunOptions
 from components.schedulers.submit import SubmitChecks
+from components.schedulers.torchx_workarounds.local_docker import TorchXDockerScheduler
 
 if TYPE_CHECKING:
     from docker.models.containers import Container

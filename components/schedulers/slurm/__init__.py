@@ -25,7 +25,8 @@ module:
 * ``logs``: ``torchx log`` reads stdout by default, where the trainers write (``--streams
   stderr`` for stderr; ``combined`` gives stdout, then stderr).
 * ``scheduler``: the scheduler class that ties them together.
-* ``torchx_private``: the one module that uses what TorchX has no public hook for.
+
+What TorchX has no public hook for is in :mod:`components.schedulers.torchx_workarounds.slurm`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import fsspec
 from torchx.workspace.api import walk_workspace
 
 from components.schedulers.slurm.options import slurm_error
-from trainers.torchfree.paths import existing_ancestor, unwritable_reason
+from trainers.options.paths import existing_ancestor, unwritable_reason
 
 
 def new_job_dir(parent: str, name: str) -> str:
@@ -39,7 +39,7 @@ def _unwritable(job_dir: str, parent: str, strerror: str) -> str:
 
 def check_writable(job_dir: str) -> None:
     """Refuse a ``job_dir`` that cannot be created and written, without writing anything
-    (a dry run writes nothing): :func:`trainers.torchfree.paths.unwritable_reason`."""
+    (a dry run writes nothing): :func:`trainers.options.paths.unwritable_reason`."""
     reason = unwritable_reason(Path(job_dir))
     if reason is not None:
         raise slurm_error(_unwritable(job_dir, str(reason[0]), reason[1]))

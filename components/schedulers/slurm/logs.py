@@ -17,7 +17,7 @@ from torchx.schedulers.api import Scheduler, Stream, filter_regex, split_lines_i
 from torchx.schedulers.local_scheduler import LogIterator
 
 from components.schedulers.slurm.options import slurm_error
-from components.schedulers.slurm.torchx_private import job_dirs
+from components.schedulers.torchx_workarounds.slurm import job_dirs
 
 _log = logging.getLogger(__name__)
 

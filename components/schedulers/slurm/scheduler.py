@@ -45,9 +45,9 @@ from components.schedulers.slurm.states import (
     sacct_jobs,
     squeue_lines,
 )
-from components.schedulers.slurm.torchx_private import SlurmSchedulerBase, record_job_dir
 from components.schedulers.submit import SubmitChecks
-from components.torchx_compat import replace_cfg
+from components.schedulers.torchx_workarounds.releases import replace_cfg
+from components.schedulers.torchx_workarounds.slurm import SlurmSchedulerBase, record_job_dir
 
 # Role metadata key: the workspace that schedule() snapshots into the role's image (job dir).
 _SNAPSHOT_OF = "torchx_templates/slurm/snapshot_of"

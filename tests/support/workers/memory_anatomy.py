@@ -19,14 +19,14 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from bench.memory_probe import measure_step
+from trainers.config.parsing import parse_config
 from trainers.core.distributed import DistEnv, leave_process_group
 from trainers.core.loop import build_optimizer
 from trainers.models import materialize, spec_of
 from trainers.parallel.checkpointing import apply_activation_checkpointing
 from trainers.parallel.ddp import DDPStrategy
 from trainers.parallel.fsdp import apply_fsdp
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.memory_formulas import Adapters, Layout, predict
+from trainers.sizing.memory_formulas import Adapters, Layout, predict
 
 
 def measure_case(sharding: str, name: str, dtype: str, checkpointing: bool,

@@ -23,13 +23,13 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from bench.memory_probe import measure_step
+from trainers.config.parsing import parse_config
 from trainers.core.distributed import leave_process_group
 from trainers.core.loop import build_optimizer
 from trainers.models import resolve_spec
 from trainers.parallel.parallelize import parallelize
 from trainers.parallel.pipeline import split_stage
-from trainers.torchfree.config import parse_config
-from trainers.torchfree.memory_formulas import Layout, activation_bytes, precision, predict
+from trainers.sizing.memory_formulas import Layout, activation_bytes, precision, predict
 
 PP, DP, TP = 2, 2, 2
 BATCH, SEQ = 4, 64  # one micro-batch; a short sequence keeps it fast

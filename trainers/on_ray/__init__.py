@@ -1,0 +1,1 @@
+"""The trainers under Ray Train: options and launch, the cluster, each worker."""

@@ -1,0 +1,1 @@
+"""Hyperparameter search on Ray Tune: the search space and the search."""
