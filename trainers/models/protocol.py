@@ -19,7 +19,7 @@ Every trainer (ddp, fsdp, tensor_parallel, pipeline, model_parallel) and Ray Tra
   last (output side) pipeline stage hold. With ``shape.pipeline`` the model's forward skips
   the ones set to None and then takes or returns hidden states (a stage of the model).
 
-This module is the leaf of :mod:`trainers.models`: it imports torch and the torch-free layer
+This module is the leaf of :mod:`trainers.models`: it imports torch and the torch-free layers
 only. The families that make specs register in :mod:`trainers.models.registry`.
 """
 
