@@ -104,8 +104,7 @@ def test_the_component_refuses_it_before_scheduling(tmp_path, case):
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_the_runner_and_the_planner_refuse_it(tmp_path, case):
-    """TorchX's Python runner (a dry run in this process) and ``python -m
-    trainers.planning.plan``."""
+    """TorchX's Python runner (a dry run in this process) and the planner's command."""
     bad_hf_dirs(tmp_path)
     folder = tmp_path / "models" / case.name
     expected = f"--model hf:{folder}: {case.error.format(dir=folder)}"

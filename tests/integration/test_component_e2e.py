@@ -71,8 +71,7 @@ def test_hf_model_on_a_jsonl_directory_with_a_trained_tokenizer(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_loss"] < summary["first_loss"] - 1.0
     sample = subprocess.run([sys.executable, "-m", "trainers.tools.sample", str(run_dir),
-                             "--prompt",
-                             "the model", "--tokens", "8"], cwd=REPO, env=child_env(),
+                             "--prompt", "the model", "--tokens", "8"], cwd=REPO, env=child_env(),
                             capture_output=True, text=True, timeout=120)
     assert sample.returncode == 0, sample.stderr[-2000:]
     assert sample.stdout.startswith("the model")

@@ -94,8 +94,7 @@ def test_tokenize_script_round_trips_bytes(tmp_path):
     source, target = tmp_path / "in.txt", tmp_path / "out.bin"
     source.write_text(text, encoding="utf-8")
     out = subprocess.run([sys.executable, "-m", "trainers.tools.prepare_data", str(source),
-                          str(target)],
-                         capture_output=True, text=True, check=True)
+                          str(target)], capture_output=True, text=True, check=True)
     assert f"wrote {len(text.encode()):,} tokens" in out.stdout
     train = TokenFileDataset(read_header(target), 32, "train", 0.1)
     val = TokenFileDataset(read_header(target), 32, "val", 0.1)

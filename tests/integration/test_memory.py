@@ -179,8 +179,7 @@ def test_the_1b_table_comes_from_the_formulas():
     zero3 = predict(MODEL_SIZES["1b"], 1, 2048, "bf16", False, Layout("zero3", dp=8))
     assert lines[-1].split()[-1] == f"{zero3.total / 2**30:.2f}"
     out = subprocess.run([sys.executable, "-m", "trainers.planning.memory", "--model", "1b",
-                          "--devices",
-                          "8"], capture_output=True, text=True, check=True, cwd=REPO)
+                          "--devices", "8"], capture_output=True, text=True, check=True, cwd=REPO)
     assert table in out.stdout
 
 
@@ -201,8 +200,7 @@ def test_the_3d_table_prices_the_heaviest_stage():
 
 def test_the_lora_table_prices_the_frozen_base_and_the_adapters():
     """``trainers.planning.memory --lora-rank 16``: llama-8b's base in bf16 but embeddings and
-    norms,
-    gradients and AdamW state for its 6.82M adapter parameters alone."""
+    norms, gradients and AdamW state for its 6.82M adapter parameters alone."""
     shape, adapters = MODEL_SIZES["llama-8b"], Adapters(16)
     ddp = predict(shape, 1, 8192, "bf16", False, Layout("ddp", dp=8), adapters)
     assert ddp.grads == 4 * 32 * 16 * (2 * 4096 + 4096 + 1024)  # wq, wv

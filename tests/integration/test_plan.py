@@ -81,8 +81,7 @@ def test_3d_when_nothing_simpler_fits():
 
 def _plan(*args: str) -> str:
     return subprocess.run([sys.executable, "-m", "trainers.planning.plan", *args],
-                          capture_output=True,
-                          text=True, check=True, cwd=REPO).stdout
+                          capture_output=True, text=True, check=True, cwd=REPO).stdout
 
 
 def test_plan_command_prints_the_table_and_a_command():
@@ -151,8 +150,7 @@ def assert_planner_commands_accepted(scheduler: str) -> None:
 ])
 def test_plan_command_rejects_bad_input_in_one_line(args, message):
     proc = subprocess.run([sys.executable, "-m", "trainers.planning.plan", *args],
-                          capture_output=True,
-                          text=True, cwd=REPO)
+                          capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("trainers.planning.plan: error: ") and message in line
@@ -209,8 +207,7 @@ def test_the_projection_needs_a_known_peak_and_scales_on_request():
 
 def test_custom_shape():
     out = subprocess.run([sys.executable, "-m", "trainers.planning.plan", "--layers", "4",
-                          "--heads",
-                          "8", "--hidden", "512", "--vocab", "1000", "--context", "128",
+                          "--heads", "8", "--hidden", "512", "--vocab", "1000", "--context", "128",
                           "--device", "cpu", "--devices-per-node", "2",
                           "--device-memory-gb", "4", "--global-batch", "16"],
                          capture_output=True, text=True, check=True, cwd=REPO).stdout

@@ -80,9 +80,8 @@ class Checkpointer:
     """Saves and resumes the run in ``run_dir``, keeping the ``keep`` newest checkpoints.
 
     ``run_config`` (the run's TrainConfig as a dict) goes into every manifest, so a checkpoint
-    alone says how to rebuild its model (``trainers.tools.sample``,
-                                         ``trainers.tools.export``); so do the
-    facts the run keeps across attempts (what ``facts`` returns, asked at each save).
+    alone says how to rebuild its model (``trainers.tools.sample``, ``trainers.tools.export``);
+    so do the facts the run keeps across attempts (what ``facts`` returns, asked at each save).
     ``state`` maps names to the Stateful objects every checkpoint holds (saved through DCP,
     the same on every rank or sharded); ``rank_state`` to those private to each rank (saved per
     rank, restored only at the world size they were saved at).

@@ -1,5 +1,4 @@
-"""Will it fit, and how to split it: ``python -m trainers.planning.plan --model 7b --gpu-type
-h100``.
+"""Will it fit, how to split it: ``python -m trainers.planning.plan --model 7b --gpu-type h100``.
 
 Prints the memory per rank of each configuration the planner (:mod:`trainers.planning.planner`)
 prices, and the first of the decision guide's configurations that fits as a complete ``torchx

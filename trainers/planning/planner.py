@@ -1,17 +1,15 @@
-"""Will it fit, and how to split it: ``python -m trainers.planning.plan --model 7b
---device-memory-gb 80``.
+"""Will it fit, and how to split it: the planner behind ``python -m trainers.planning.plan``.
 
-The planner prices every configuration with :mod:`trainers.planning.memory` and follows the decision
-guide: a model that fits one device trains fastest as DDP; when the batch does not fit, a
-smaller micro-batch with gradient accumulation, then activation checkpointing; when the model
-does not fit, FSDP (ZeRO-2, then ZeRO-3); when even that does not fit, tensor parallelism
-inside a node, then pipeline parallelism across nodes with FSDP over the pipelines, then with
-tensor parallelism inside each stage too (3-D; its degree divides the devices per node, the
-pipeline's the nodes). It prints the
-memory per rank of each and recommends the first that fits, with the micro-batch and the
-accumulation steps that reach the requested global batch. A LoRA job (:class:`Adapters`) is
-priced with its frozen base and adapters, among the trainers that serve LoRA (ddp, fsdp).
-Components call :func:`check_fits` before scheduling a job. Plain Python without torch.
+The planner prices every configuration with :mod:`trainers.sizing.memory_formulas` and follows the
+decision guide: a model that fits one device trains fastest as DDP; when the batch does not fit, a
+smaller micro-batch with gradient accumulation, then activation checkpointing; when the model does
+not fit, FSDP (ZeRO-2, then ZeRO-3); when even that does not fit, tensor parallelism inside a node,
+then pipeline parallelism across nodes with FSDP over the pipelines, then with tensor parallelism
+inside each stage too (3-D; its degree divides the devices per node, the pipeline's the nodes). It
+prints the memory per rank of each and recommends the first that fits, with the micro-batch and the
+accumulation steps that reach the requested global batch. A LoRA job (:class:`Adapters`) is priced
+with its frozen base and adapters, among the trainers that serve LoRA (ddp, fsdp). Components call
+:func:`check_fits` before scheduling a job. Plain Python without torch.
 """
 
 from __future__ import annotations

@@ -2,14 +2,13 @@
 
 :func:`location` turns what a user passed (``--output-dir``, ``--resume``, ``--data``,
 ``--tokenizer``, a run given to ``trainers.tools.sample``) into a path object: a ``pathlib.Path``
-for
-a local path (behaving exactly as before URLs existed), a ``upath.UPath`` for ``s3://``,
-``gs://``, ``az://`` and the other fsspec schemes. Both offer the pathlib methods the trainers
-use (``/``, ``exists``, ``is_dir``, ``iterdir``, ``glob``, ``open``, ``read_text``, ``stat``);
-what pathlib cannot do on an object store (remove a tree, write a file atomically, hash what
-was written, check a bucket) is here. Credentials and the endpoint come from the store's own
-environment (``AWS_*``, ``AWS_ENDPOINT_URL``); nothing here records them. Plain Python without
-torch, so components check a URL before anything is scheduled.
+for a local path (behaving exactly as before URLs existed), a ``upath.UPath`` for ``s3://``,
+``gs://``, ``az://`` and the other fsspec schemes. Both offer the pathlib methods the trainers use
+(``/``, ``exists``, ``is_dir``, ``iterdir``, ``glob``, ``open``, ``read_text``, ``stat``); what
+pathlib cannot do on an object store (remove a tree, write a file atomically, hash what was written,
+check a bucket) is here. Credentials and the endpoint come from the store's own environment
+(``AWS_*``, ``AWS_ENDPOINT_URL``); nothing here records them. Plain Python without torch, so
+components check a URL before anything is scheduled.
 """
 
 from __future__ import annotations

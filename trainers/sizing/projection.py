@@ -66,7 +66,7 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Assumptions:
-    """The projection's assumptions, each overridable (``trainers.planning.plan`` flags in
+    """The projection's assumptions, each overridable (``trainers.planning.plan``'s flags in
     brackets).
 
     ``matmul_efficiency`` [--matmul-efficiency]: the share of peak the model's matmuls reach

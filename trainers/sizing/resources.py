@@ -50,8 +50,7 @@ class GpuPerf:
 
 
 # The GPUs whose peak and fabric the projection knows (`trainers.planning.plan --gpu-type`); any
-# other
-# GPU takes --peak-tflops, --intra-node-gbps and --inter-node-gbps. Sources:
+# other GPU takes --peak-tflops, --intra-node-gbps and --inter-node-gbps. Sources:
 # - a100-*: NVIDIA A100 datasheet (bf16 312 TFLOP/s dense; NVLink 3 600 GB/s per GPU, both
 #   directions; HBM2 1,555 GB/s for the 40GB SXM, HBM2e 2,039 GB/s for the 80GB SXM); DGX
 #   A100: 8 x 200 Gb/s HDR InfiniBand for 8 GPUs (25 GB/s per GPU).

@@ -1,6 +1,4 @@
-"""Export a run's checkpoint as a Hugging Face model directory: ``python -m trainers.tools.export
-RUN
-OUT``.
+"""A run's checkpoint as a Hugging Face directory: ``python -m trainers.tools.export RUN OUT``.
 
 Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json, so that
 ``AutoModelForCausalLM.from_pretrained(OUT)`` and ``AutoTokenizer.from_pretrained(OUT)`` load
