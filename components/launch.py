@@ -106,9 +106,12 @@ def trainer_app(
     check_paths: bool,
     device_memory_gb: float,
     gpu_type: str | None,
+    run_args: Sequence[str] = (),
 ) -> specs.AppDef:
     """The AppDef that runs trainer ``trainer`` (``python -m trainers.<trainer> <script_args>``)
-    under torchrun (:func:`torchrun_app`), once its arguments are checked.
+    under torchrun (:func:`torchrun_app`), once its arguments are checked. ``run_args`` follow
+    them unchecked: words only the node's shell knows (:class:`ShellExpanded`), whose checked
+    stand-ins ``script_args`` holds.
 
     Without ``--output-dir`` the run writes to ``outputs/<app id>``, so a scheduler retry of
     the same job resumes from its own checkpoints (the trainers default to ``--resume auto``).
@@ -127,7 +130,7 @@ def trainer_app(
                                     nproc=nproc, gpus=gpus, node_mb=resource.memMB, env=env,
                                     check_paths=check_paths,
                                     device_memory_gb=device_memory_gb, gpu_type=gpu_type)
-    app = torchrun_app(trainer_table.trainer(trainer).module, *args, name=trainer, j=j,
+    app = torchrun_app(trainer_table.trainer(trainer).module, *args, *run_args, name=trainer, j=j,
                        image=image, resource=resource, env=env, max_retries=max_retries,
                        rdzv_port=rdzv_port, mounts=mounts,
                        signals=parse_signals(cfg.preemption_signals))

@@ -16,14 +16,17 @@ from trainers.models import ModelSpec, materialize
 from trainers.options.train_config import TrainConfig
 from trainers.parallel.compile import apply_block_options
 from trainers.parallel.ddp import DDPStrategy
+from trainers.parallel.fault_tolerant import join_replica_groups
 
 
 def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:
-    """The whole model on every rank, wrapped in DDP."""
+    """The whole model on every rank, wrapped in DDP; with ``--fault-tolerant`` one replica
+    group of several (:mod:`trainers.parallel.fault_tolerant`)."""
     model = spec.meta_model()
     apply_block_options(model, spec, cfg)
     materialize(model, env.device, cfg.seed, spec)
-    return DDPStrategy(model, env, cfg.grad_reduce_dtype)
+    strategy = DDPStrategy(model, env, cfg.grad_reduce_dtype)
+    return join_replica_groups(cfg, env, strategy) if cfg.fault_tolerant else strategy
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -20,16 +20,19 @@ from trainers.core.entry import run
 from trainers.core.strategy import Strategy
 from trainers.models import ModelSpec
 from trainers.options.train_config import TrainConfig
+from trainers.parallel.fault_tolerant import join_replica_groups
 from trainers.parallel.fsdp import ShardedStrategy
 from trainers.parallel.parallelize import parallelize
 
 
 def build(cfg: TrainConfig, env: DistEnv, spec: ModelSpec) -> Strategy:
-    """The model sharded with FSDP2 over a 1-D mesh of every rank."""
+    """The model sharded with FSDP2 over a 1-D mesh of every rank (of the replica group, with
+    ``--fault-tolerant``: :mod:`trainers.parallel.fault_tolerant`)."""
     mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
     model = spec.meta_model()
     parallelize(model, spec, cfg, env.device, dp_mesh=mesh)
-    return ShardedStrategy(model, dp_rank=env.rank, dp_size=env.world_size)
+    strategy = ShardedStrategy(model, dp_rank=env.rank, dp_size=env.world_size)
+    return join_replica_groups(cfg, env, strategy) if cfg.fault_tolerant else strategy
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -23,6 +23,7 @@ from trainers.options.tracker_names import check_trackers
 from trainers.options.trainer_table import serving, trainer
 from trainers.runs.checkpoint_files import check_format, find_checkpoints, saved_manifest
 from trainers.runs.preemption_signals import parse_signals
+from trainers.runs.replica_groups import lighthouse_address
 from trainers.runs.storage import (
     RunPath,
     check_store,
@@ -87,9 +88,38 @@ def check_options(cfg: TrainConfig) -> None:
     if not 0.0 < cfg.val_fraction < 1.0:
         raise ConfigError(f"--val-fraction must be in (0, 1), got {cfg.val_fraction}")
     parse_signals(cfg.preemption_signals)
+    check_fault_tolerance(cfg)
     check_trackers(cfg.tracker, cfg.tensorboard, packages=False)
     check_data_options(cfg)
     check_lora_options(cfg)
+
+
+FAULT_TOLERANCE = ("replica_groups", "replica_group", "lighthouse", "min_replicas",
+                   "quorum_timeout")
+
+
+def check_fault_tolerance(cfg: TrainConfig) -> None:
+    """The replica groups' options in range, and set only with ``--fault-tolerant``."""
+    if not cfg.fault_tolerant:
+        defaults = _defaults(cfg)
+        for option in FAULT_TOLERANCE:
+            if getattr(cfg, option) != defaults[option]:
+                raise ConfigError(f"{_flag(option)} applies only to --fault-tolerant; pass "
+                                  f"--fault-tolerant or drop {_flag(option)}")
+        return
+    if cfg.replica_groups < 1:
+        raise ConfigError(f"--replica-groups must be positive, got {cfg.replica_groups}")
+    if not 0 <= cfg.replica_group < cfg.replica_groups:
+        raise ConfigError(f"--replica-group {cfg.replica_group} is not one of the "
+                          f"{cfg.replica_groups} replica groups; pass 0 to "
+                          f"{cfg.replica_groups - 1}")
+    if not 1 <= cfg.min_replicas <= cfg.replica_groups:
+        raise ConfigError(f"--min-replicas {cfg.min_replicas} must be between 1 and the "
+                          f"{cfg.replica_groups} replica groups (more could never commit a "
+                          f"step); pass --min-replicas 1 to keep training with any group alive")
+    if cfg.quorum_timeout <= 0:
+        raise ConfigError(f"--quorum-timeout must be positive seconds, got {cfg.quorum_timeout}")
+    lighthouse_address(cfg.lighthouse)
 
 
 def check_lora_options(cfg: TrainConfig) -> None:
@@ -171,10 +201,13 @@ def check_job(cfg: TrainConfig, world_sizes: Sequence[int], name: str,
                                if n > 1 or flag == "--tp" and cfg.pp == 1)
             raise ConfigError(f"--dp {cfg.dp} x {model} != world size {world}; pass "
                               f"--dp {world // (cfg.tp * cfg.pp)} or --dp 0")
-        if cfg.batch_size % (cfg.grad_accum * dp):
+        replicas = cfg.replicas(world)
+        if cfg.batch_size % (cfg.grad_accum * replicas):
+            groups = f" ({cfg.replica_groups} replica groups of {dp})" if cfg.fault_tolerant else ""
             raise ConfigError(
                 f"--batch-size {cfg.batch_size} is not divisible by --grad-accum {cfg.grad_accum} "
-                f"x data-parallel size {dp}; pass a multiple of {cfg.grad_accum * dp}")
+                f"x data-parallel size {replicas}{groups}; pass a multiple of "
+                f"{cfg.grad_accum * replicas}")
         if check is not None:
             check(cfg, world, shape)
 

@@ -26,6 +26,7 @@ from trainers.options.train_config import TrainConfig
 from trainers.options.trainer_table import trainer
 from trainers.runs.log_setup import configure_logging
 from trainers.runs.preemption_signals import exit_status
+from trainers.runs.replica_groups import group_run_dir
 from trainers.runs.run_record import run_record, write_config
 from trainers.runs.storage import location
 
@@ -58,6 +59,8 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
     with init_distributed(cfg, device) as env, explain_out_of_memory(cfg, name, env.device):
         spec = spec_of(cfg)  # a model it cannot resolve (or adapt) is refused first
         run_dir = location(cfg.output_dir)
+        if cfg.fault_tolerant:  # each replica group writes a run of its own
+            run_dir = group_run_dir(run_dir, cfg.replica_group)
         if env.is_main:
             write_config(run_dir, run_record(cfg.to_dict(), name, argv, env.world_size))
         summary = train(cfg, env, build(cfg, env, spec), spec, run_dir, on_step, notice)

@@ -131,12 +131,20 @@ def train(cfg: TrainConfig, env: DistEnv, strategy: Strategy, spec: ModelSpec, r
     """
     run, state = start_run(cfg, env, strategy, spec.shape, run_dir)
     with PreemptionWatch(parse_signals(cfg.preemption_signals), env, notice) as watch, \
+            contextlib.closing(strategy), \
             contextlib.closing(run.checkpointer), contextlib.closing(run.writer), \
             StepProfiler(cfg.profile_steps, state.start_step + 1, cfg.steps,
                          env.device) as profiler:
-        for step in range(state.start_step + 1, cfg.steps + 1):
+        step = state.start_step
+        while step < cfg.steps:
+            step = strategy.begin_step(step + 1)
+            if step > cfg.steps:  # healed from replica groups that finished the run
+                break
             metrics = train_step(run, step, state.facts.schedule_steps)
             profiler.step()
+            if metrics is None:  # not committed (a replica group was lost): taken again
+                step -= 1
+                continue
             log_step(run, state, step, metrics)
             maybe_kill(run.kill_at, "step", env.rank, step, run.run_dir)
             run.progress.step = step
@@ -180,6 +188,7 @@ def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy, shape: ModelCo
         state={"train": ModelAndOptimizer(strategy.model, optimizer), "progress": progress,
                "data": stream},
         rank_state={"rng": RankRNG()}, kill_at=kill_at, facts=facts.for_manifest)
+    strategy.share_state(checkpointer.state)
     torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout stream
     resume_from = checkpointer.choose(cfg.resume)
     saved: dict[str, Any] | None = None
@@ -206,9 +215,10 @@ def start_run(cfg: TrainConfig, env: DistEnv, strategy: Strategy, shape: ModelCo
     return run, RunState(facts=facts, start_step=progress.step, wall_start=time.perf_counter())
 
 
-def train_step(run: Run, step: int, schedule_steps: int) -> PendingStep:
+def train_step(run: Run, step: int, schedule_steps: int) -> PendingStep | None:
     """Optimizer step ``step`` (of an LR schedule of ``schedule_steps``), with an evaluation at
-    evaluation steps: its metrics, those the device computed left there (no host read)."""
+    evaluation steps: its metrics, those the device computed left there (no host read); None
+    when the strategy does not commit it (:meth:`~trainers.core.strategy.Strategy.commit`)."""
     cfg, strategy, optimizer = run.cfg, run.strategy, run.optimizer
     step_start = time.perf_counter()
     data_time = 0.0
@@ -224,6 +234,8 @@ def train_step(run: Run, step: int, schedule_steps: int) -> PendingStep:
     lr = cfg.lr * lr_factor(step - 1, cfg, schedule_steps)
     for group in optimizer.param_groups:
         group["lr"] = lr
+    if not strategy.commit():
+        return None
     optimizer.step()
     elapsed = time.perf_counter() - step_start
     tokens = sum(batch[0].numel() for batch in micro_batches)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from trainers.core.data import Batch
@@ -42,6 +43,25 @@ class Strategy:
     def attach_run(self, run_dir: RunPath) -> None:
         """Where the run writes, given once before its first step; a strategy that writes
         records of its own keeps it (the pipeline's timeline). The default writes nothing."""
+
+    def share_state(self, state: dict[str, Stateful]) -> None:
+        """The run's state (what its checkpoints hold), given once before it resumes; a
+        strategy that hands it to peers keeps it (replica groups healing each other). The
+        default keeps nothing."""
+
+    def begin_step(self, step: int) -> int:
+        """Before the step that follows ``step - 1``: the step to take now. Plain strategies
+        take ``step``; replica groups agree on a quorum first and a group that was behind
+        continues at the live groups' step (:mod:`trainers.parallel.fault_tolerant`)."""
+        return step
+
+    def commit(self) -> bool:
+        """After a step's backward: whether its optimizer step applies (else the step is taken
+        again). Always, but where replica groups may have lost a peer during the step."""
+        return True
+
+    def close(self) -> None:
+        """Release what the strategy started beside the model (the end of the run)."""
 
     def no_sync(self) -> contextlib.AbstractContextManager[None]:
         """Context in which backward does not synchronise gradients across replicas."""

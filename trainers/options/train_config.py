@@ -129,6 +129,24 @@ class TrainConfig:
                                  "and backward intervals to timeline.rank<R>.jsonl")
     devices: str = _opt("auto", "model parallel: devices to spread the blocks over, e.g. "
                         "cuda:0,cuda:1 or cpu,cpu (auto: every visible GPU, else cpu,cpu)")
+    # fault tolerance across replica groups (trainers.ddp and trainers.fsdp; docs/reliability.md)
+    fault_tolerant: bool = _opt(False, "join torchft's per-step quorum as one of "
+                                "--replica-groups replica groups (each a torchrun of its own): "
+                                "gradients are averaged over the groups alive at each step, a "
+                                "lost group restarts alone and heals from a live one's weights "
+                                "while the others keep stepping (components/fault_tolerant.py "
+                                "starts the lighthouse and the groups)")
+    replica_groups: int = _opt(2, "--fault-tolerant: the job's replica groups (--batch-size is "
+                               "their global batch)")
+    replica_group: int = _opt(0, "--fault-tolerant: this group's index, 0 to --replica-groups - 1")
+    lighthouse: str = _opt("", "--fault-tolerant: the torchft lighthouse's URL, "
+                           "http://HOST:PORT (empty: $TORCHFT_LIGHTHOUSE, else "
+                           "http://localhost:29510)")
+    min_replicas: int = _opt(1, "--fault-tolerant: replica groups a step needs to commit; "
+                             "fewer alive and the step waits for them")
+    quorum_timeout: float = _opt(60.0, "--fault-tolerant: seconds to wait for the lighthouse, a "
+                                 "step's quorum and its collectives before the group gives up "
+                                 "and restarts")
     # fine-tuning (docs/finetuning.md)
     lora_rank: int = _opt(0, "LoRA: train rank-R adapters on the --lora-targets layers with "
                           "the model frozen (0: train every parameter)")
@@ -178,6 +196,12 @@ class TrainConfig:
     def dp_size(self, world_size: int) -> int:
         """Data-parallel replicas in a world of ``world_size`` ranks."""
         return self.dp or world_size // (self.tp * self.pp)
+
+    def replicas(self, world_size: int) -> int:
+        """Data-parallel replicas the global batch is split over: the ranks' data-parallel size
+        in a world (a replica group under ``--fault-tolerant``) of ``world_size`` ranks, times
+        the replica groups."""
+        return self.dp_size(world_size) * (self.replica_groups if self.fault_tolerant else 1)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

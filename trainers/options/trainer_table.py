@@ -83,12 +83,13 @@ def _fsdp_sharding(cfg: TrainConfig) -> str:
 
 def _replicated_split(cfg: TrainConfig, world: int) -> Split:
     dp = cfg.dp_size(world)
-    return Split(Layout("ddp", dp=dp), cfg.micro_batch(dp), cfg.grad_accum)
+    return Split(Layout("ddp", dp=dp), cfg.micro_batch(cfg.replicas(world)), cfg.grad_accum)
 
 
 def _fsdp_split(cfg: TrainConfig, world: int) -> Split:
-    dp = cfg.dp_size(world)
-    return Split(Layout(_fsdp_sharding(cfg), dp=dp), cfg.micro_batch(dp), cfg.grad_accum)
+    dp = cfg.dp_size(world)  # under --fault-tolerant, FSDP shards over one replica group
+    return Split(Layout(_fsdp_sharding(cfg), dp=dp), cfg.micro_batch(cfg.replicas(world)),
+                 cfg.grad_accum)
 
 
 def _tensor_parallel_split(cfg: TrainConfig, world: int) -> Split:
@@ -225,6 +226,9 @@ def check_one_process_per_node(cfg: TrainConfig, nproc_per_node: int, gpus: int)
 # LoRA's options (docs/finetuning.md): the trainers that build one whole model per replica
 # serve them; tensor_parallel and pipeline refuse them.
 _LORA = frozenset({"lora_rank", "lora_alpha", "lora_dropout", "lora_targets"})
+# torchft replica groups around the trainers whose replicas hold the whole state or shard it
+_FAULT_TOLERANT = frozenset({"fault_tolerant", "replica_groups", "replica_group", "lighthouse",
+                             "min_replicas", "quorum_timeout"})
 
 _SHARD_HINT = "trainers.fsdp (shards parameters, gradients and optimizer state)"
 
@@ -232,13 +236,14 @@ TRAINERS: dict[str, Trainer] = {t.name: t for t in (
     Trainer("ddp", "data parallel with DistributedDataParallel: every rank a whole replica",
             "Use it when the model, its gradients and AdamW state fit on one device: the "
             "simplest and usually fastest choice; otherwise trainers.fsdp.",
-            options=frozenset({"grad_reduce_dtype"}) | _LORA, split=_replicated_split,
+            options=frozenset({"grad_reduce_dtype"}) | _LORA | _FAULT_TOLERANT,
+            split=_replicated_split,
             oom_hints=(_SHARD_HINT,)),
     Trainer("fsdp", "FSDP2 fully_shard: each rank holds 1/N of parameters, gradients and "
             "optimizer state",
             "Use it when the model and its training state do not fit on one device but each "
             "block does: memory per rank falls with the number of ranks.",
-            options=frozenset({"reshard_after_forward", "cpu_offload"}) | _LORA,
+            options=frozenset({"reshard_after_forward", "cpu_offload"}) | _LORA | _FAULT_TOLERANT,
             split=_fsdp_split,
             sharded=True),
     Trainer("tensor_parallel", "tensor parallel (DTensor) inside groups of --tp ranks, FSDP2 "

@@ -1,0 +1,60 @@
+"""Where a fault-tolerant job's replica groups meet and write (``--fault-tolerant``).
+
+The groups meet at torchft's lighthouse, named by a URL (:func:`lighthouse_address`); each
+writes its own run under ``<output-dir>/replica_group_<i>`` (:func:`group_run_dir`: a group's
+checkpoints are its ranks' shards, so groups never share a directory); the job is done when
+every group's summary says it trained to the last step (:func:`groups_finished`), which is
+when the lighthouse may stop. Plain Python without torch: components check the address before
+anything is scheduled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from urllib.parse import urlsplit
+
+from trainers.errors import ConfigError
+from trainers.runs.storage import RunPath
+
+# torchft's lighthouse port (torchft_lighthouse --bind [::]:29510 in its documentation).
+LIGHTHOUSE_PORT = 29510
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+
+
+def lighthouse_address(given: str) -> tuple[str, str, int]:
+    """The lighthouse's URL, host and port: ``given`` (``--lighthouse``), else
+    ``$TORCHFT_LIGHTHOUSE``, else ``http://localhost:29510``; ConfigError unless it is
+    ``http://HOST:PORT``."""
+    url = given or os.environ.get(LIGHTHOUSE_ENV, "") or f"http://localhost:{LIGHTHOUSE_PORT}"
+    where = "--lighthouse" if given else (LIGHTHOUSE_ENV if os.environ.get(LIGHTHOUSE_ENV)
+                                          else "the default lighthouse")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        port = None
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port:
+        raise ConfigError(f"{where} {url!r} is not a lighthouse URL; pass --lighthouse "
+                          f"http://HOST:PORT, e.g. http://localhost:{LIGHTHOUSE_PORT}")
+    return url, parts.hostname, port
+
+
+def group_run_dir(run_dir: RunPath, group: int) -> RunPath:
+    """Replica group ``group``'s run directory inside the job's ``run_dir``."""
+    return run_dir / f"replica_group_{group}"
+
+
+def groups_finished(run_dir: RunPath, groups: int, steps: int) -> bool:
+    """Whether each of the ``groups`` replica groups of the job writing to ``run_dir`` has a
+    summary of a run to ``steps`` steps that no preemption cut short."""
+    for group in range(groups):
+        path = group_run_dir(run_dir, group) / "summary.json"
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        if summary.get("steps") != steps or summary.get("preempted"):
+            return False
+    return True
