@@ -13,8 +13,6 @@ import argparse
 import time
 from collections.abc import Sequence
 
-from torchft._torchft import LighthouseServer
-
 from trainers.runs.log_setup import configure_logging
 from trainers.runs.replica_groups import LIGHTHOUSE_PORT, groups_finished
 from trainers.runs.storage import location
@@ -38,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    configure_logging()
+    configure_logging()  # before torchft's Rust logger starts: RUST_LOG=warn unless set
+    from torchft._torchft import LighthouseServer
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.groups < 1 or not 1 <= args.min_replicas <= args.groups:

@@ -1,0 +1,182 @@
+"""torchft replica groups (``--fault-tolerant``, components/fault_tolerant.py) on local_cwd with
+gloo: with every group alive a step is the plain DDP step over all their ranks (losses within
+1e-5); a group whose worker is SIGKILLed mid-run restarts alone and heals from the live group's
+state while the live one keeps stepping, and the job succeeds; bad input is one line before
+anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torchx.runner import get_runner
+
+import trainers.ddp
+from components.errors import ComponentArgumentError
+from tests.support.runs import (
+    REPO,
+    TINY,
+    assert_close,
+    child_env,
+    final_weights,
+    losses,
+    one_line_error,
+    run_trainer,
+    torchx_cli,
+    without,
+)
+
+COMPONENT = "components/fault_tolerant.py:fault_tolerant"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def component_command(run_dir: Path, min_replicas: int, trainer_args: list[str]) -> list[str]:
+    """``torchx run -s local_cwd`` of 2 replica groups x 2 ranks writing to ``run_dir``."""
+    return [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd", COMPONENT,
+            "--groups", "2", "--min_replicas", str(min_replicas), "-j", "1x2",
+            "--lighthouse_port", str(free_port()), "--", *trainer_args,
+            "--output-dir", str(run_dir)]
+
+
+def records(group_dir: Path) -> list[dict]:
+    path = group_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def test_replica_groups_step_as_plain_ddp_over_all_their_ranks(tmp_path):
+    """2 groups x 2 ranks (min_replicas 2: both in every quorum) against DDP on 4 ranks with
+    the same global batch: every step's loss within 1e-5 in both groups' metrics, and the job
+    succeeds once the lighthouse sees both groups finish."""
+    args = without(TINY, "--steps") + ["--steps", "6"]
+    reference = tmp_path / "ddp"
+    run_trainer([*args, "--output-dir", str(reference)], nproc=4)
+    run_dir = tmp_path / "ft"
+    proc = subprocess.run(component_command(run_dir, 2, args), cwd=REPO, env=child_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Job finished: SUCCEEDED" in proc.stderr, proc.stderr[-4000:]
+    for group in (0, 1):
+        assert_close(losses(run_dir / f"replica_group_{group}"), losses(reference))
+
+
+def _worker_pids(group: int) -> list[int]:
+    """The trainer processes of replica group ``group`` (not their torchrun, not the shell)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [w.decode(errors="replace") for w in argv if w]
+        if (len(words) > 2 and "trainers.ddp" in words and "--nproc_per_node" not in words
+                and "bash" not in Path(words[0]).name
+                and any(a == "--replica-group" and b == str(group)
+                        for a, b in zip(words, words[1:], strict=False))):
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_a_killed_replica_group_heals_while_the_other_keeps_stepping(tmp_path):
+    """SIGKILL of one worker of group 1 after its step 10: group 0 never restarts and its steps
+    only go forward; group 1 restarts alone (torchrun), heals from group 0's state (its steps
+    jump to group 0's) and ends with parameters equal to group 0's; the job SUCCEEDS."""
+    args = without(TINY, "--steps", "--log-every", "--train-samples") + [
+        "--steps", "400", "--log-every", "1", "--checkpoint-every", "100",
+        "--train-samples", "4096"]
+    run_dir = tmp_path / "ft"
+    job = subprocess.Popen(component_command(run_dir, 1, args), cwd=REPO, env=child_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not any(r["step"] >= 10 for r in records(run_dir / "replica_group_1")):
+            assert job.poll() is None and time.monotonic() < deadline, "group 1 stuck before 10"
+            time.sleep(0.2)
+        victims = _worker_pids(1)
+        assert len(victims) == 2, victims
+        killed_after = max(r["step"] for r in records(run_dir / "replica_group_1"))
+        os.kill(victims[0], signal.SIGKILL)
+        output, _ = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0 and "Job finished: SUCCEEDED" in output, output[-4000:]
+
+    healthy = records(run_dir / "replica_group_0")
+    steps = [r["step"] for r in healthy]
+    assert steps == list(range(1, 401)), "the live group's steps went back or skipped"
+    summary = json.loads((run_dir / "replica_group_0" / "summary.json").read_text())
+    assert summary["restarts"] == 0 and summary["steps_lost"] == 0, summary
+
+    # Restarted, the group keeps the lines up to the checkpoint it resumed from (none before
+    # step 100) and continues at the live group's step: a jump past the steps it missed.
+    healed = [r["step"] for r in records(run_dir / "replica_group_1")]
+    jumps = [(a, b) for a, b in zip([0, *healed], healed, strict=False) if b - a > 1]
+    assert len(jumps) == 1 and jumps[0][1] > killed_after and healed[-1] == 400, healed
+    summary = json.loads((run_dir / "replica_group_1" / "summary.json").read_text())
+    assert summary["restarts"] >= 1, summary
+
+    live, rejoined = (final_weights(run_dir / f"replica_group_{g}", tmp_path) for g in (0, 1))
+    assert live.keys() == rejoined.keys()
+    for name, tensor in live.items():
+        assert torch.equal(rejoined[name], tensor), name
+
+
+def test_an_unreachable_lighthouse_is_one_line(tmp_path):
+    """A trainer whose lighthouse never answers exits within --quorum-timeout, naming how to
+    start one or point at it."""
+    proc = run_trainer([*TINY, "--fault-tolerant", "--lighthouse",
+                        f"http://127.0.0.1:{free_port()}", "--quorum-timeout", "1",
+                        "--output-dir", str(tmp_path / "run")], check=False)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "lighthouse" in line]
+    assert len(lines) == 1 and "cannot reach the torchft lighthouse" in lines[0], proc.stderr
+    assert "torchft_lighthouse --min_replicas" in lines[0] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fault-tolerant", "--replica-groups", "2", "--min-replicas", "3"],
+     "--min-replicas 3 must be between 1 and the 2 replica groups"),
+    (["--fault-tolerant", "--replica-group", "2"], "--replica-group 2 is not one of the 2"),
+    (["--fault-tolerant", "--lighthouse", "ftp://host"], "is not a lighthouse URL"),
+    (["--replica-groups", "3"], "--replica-groups applies only to --fault-tolerant"),
+    (["--fault-tolerant", "--batch-size", "6"], "data-parallel size 4 (2 replica groups of 2)"),
+], ids=["min-replicas", "group", "url", "without-flag", "batch"])
+def test_bad_replica_group_options_are_one_line(capsys, monkeypatch, argv, message):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    err = one_line_error(capsys, trainers.ddp, *TINY, *argv)
+    assert message in err, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--groups", "2", "--min_replicas", "3"], "--min_replicas 3 must be between 1 and the 2"),
+    (["--trainer", "pipeline"], "replica groups hold the ddp or fsdp trainer"),
+    (["-j", "2x2"], "a replica group is one node here"),
+    (["--", "--replica-group", "1"], "--replica-group is set by the component"),
+], ids=["min-replicas", "trainer", "nodes", "own-option"])
+def test_bad_component_arguments_are_one_line_on_every_entry_point(args, message):
+    """The runner's dry run raises the one-line error; ``torchx run`` prints it and exits 1,
+    before anything is scheduled."""
+    trainer_args = ["--model", "tiny", "--tracker", "none"]
+    argv = [*args, "--", *trainer_args] if "--" not in args else [*args, *trainer_args]
+    with get_runner() as runner, pytest.raises(ComponentArgumentError) as info:
+        runner.dryrun_component(COMPONENT, argv, "local_cwd")
+    assert message in str(info.value) and "\n" not in str(info.value)
+    proc = torchx_cli("run", "-s", "local_cwd", COMPONENT, *argv)
+    assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
