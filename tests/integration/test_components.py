@@ -18,8 +18,10 @@ from trainers.options.trainer_table import TRAINERS
 
 
 def _launcher_parameters() -> list[inspect.Parameter]:
+    """The launch options every trainer component passes on (``run_args``, with a default, is
+    for components that add words only the node's shell knows)."""
     return [p for p in inspect.signature(launch.trainer_app).parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY]
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty]
 
 
 def _hints(function: typing.Callable) -> dict[str, typing.Any]:
