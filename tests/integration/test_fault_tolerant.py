@@ -21,6 +21,7 @@ from torchx.runner import get_runner
 
 import trainers.ddp
 from components.errors import ComponentArgumentError
+from components.schedulers.torchx_workarounds.releases import dryrun_app
 from tests.support.runs import (
     REPO,
     TINY,
@@ -180,3 +181,24 @@ def test_bad_component_arguments_are_one_line_on_every_entry_point(args, message
     assert message in str(info.value) and "\n" not in str(info.value)
     proc = torchx_cli("run", "-s", "local_cwd", COMPONENT, *argv)
     assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_the_planner_plans_replica_groups_one_a_node_and_its_command_dry_runs(capsys):
+    """``plan --fault-tolerant`` sizes one node's group on its share of the batch and prints
+    the fault_tolerant component's command, which the component accepts as printed."""
+    from trainers.planning import plan
+
+    plan.main(["--model", "tiny", "--device", "cpu", "--devices-per-node", "2",
+               "--device-memory-gb", "4", "--nodes", "2", "--global-batch", "8",
+               "--fault-tolerant", "--scheduler", "local_cwd"])
+    command = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert command[:5] == ["torchx", "run", "-s", "local_cwd", COMPONENT], command
+    assert command[5:11] == ["--trainer", "ddp", "--groups", "2", "-j", "1x2"], command
+    with get_runner() as runner:
+        info = runner.dryrun_component(COMPONENT, command[5:], "local_cwd")
+    roles = [role.name for role in dryrun_app(info).roles]
+    assert roles == ["lighthouse", "replica_group_0", "replica_group_1"], roles
+    with pytest.raises(SystemExit):
+        plan.main(["--model", "tiny", "--nodes", "3", "--global-batch", "8",
+                   "--fault-tolerant"])
+    assert "does not split over 3 replica groups" in capsys.readouterr().err

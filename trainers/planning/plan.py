@@ -72,6 +72,11 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--global-batch", type=int, default=256, help="sequences per step")
     parser.add_argument("--devices-per-node", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--fault-tolerant", action="store_true",
+                        help="plan torchft replica groups, one a node (components/"
+                             "fault_tolerant.py): ddp or fsdp inside each node, each node's "
+                             "share of --global-batch; a lost node's group heals while the "
+                             "others train on (docs/reliability.md)")
     parser.add_argument("--device-memory-gb", type=float, default=80.0,
                         help="GB of one device (GPU; on --device cpu, each process's share)")
     parser.add_argument("--gpu-type", choices=list(GPU_MEMORY_GB), default=None,
@@ -127,6 +132,10 @@ def _checked(args: argparse.Namespace) -> tuple[ModelConfig, int, Adapters | Non
         args.device_memory_gb = gpu_memory_gb(args.gpu_type)
     shape = custom_shape(model_shape(args.model), args.layers, args.heads, args.hidden,
                          args.vocab, args.context)
+    if args.fault_tolerant and args.global_batch % args.nodes:
+        raise ConfigError(f"--fault-tolerant: --global-batch {args.global_batch} does not split "
+                          f"over {args.nodes} replica groups (--nodes); pass a multiple of "
+                          f"{args.nodes}")
     seq = args.seq_len or shape.max_seq_len
     if not 0 < seq <= shape.max_seq_len:
         raise ConfigError(f"--seq-len must be in 1..{shape.max_seq_len}, got {seq}; pass "
@@ -152,8 +161,17 @@ def _print_plan(args: argparse.Namespace, shape: ModelConfig, seq: int,
           + (f", LoRA rank {args.lora_rank}" if adapters else ""))
     print(table(shape, seq, args.dtype, devices, args.device, adapters, projection,
                 args.global_batch))
-    best = recommend(shape, seq, args.global_batch, args.devices_per_node, args.nodes,
-                     int(args.device_memory_gb * GIB), args.dtype, args.device, adapters)
+    if args.fault_tolerant:  # each node a replica group training its share of the batch
+        best = recommend(shape, seq, args.global_batch // args.nodes, args.devices_per_node, 1,
+                         int(args.device_memory_gb * GIB), args.dtype, args.device, adapters)
+        if best.trainer not in FAULT_TOLERANT_TRAINERS:
+            raise ConfigError(f"--fault-tolerant: replica groups hold ddp or fsdp inside one "
+                              f"node, and {args.model} needs {best.describe()} there; drop "
+                              "--fault-tolerant (restarts from checkpoints instead) or use "
+                              "devices with more memory")
+    else:
+        best = recommend(shape, seq, args.global_batch, args.devices_per_node, args.nodes,
+                         int(args.device_memory_gb * GIB), args.dtype, args.device, adapters)
     print(f"\nrecommended: {best.describe()}: {best.peak_bytes / GIB:.1f} GiB per rank")
     if projection is not None:
         job = candidate_job(best, shape, seq, args.global_batch)
@@ -168,6 +186,10 @@ def _print_plan(args: argparse.Namespace, shape: ModelConfig, seq: int,
     return best
 
 
+# The trainers a replica group can hold (components/fault_tolerant.py).
+FAULT_TOLERANT_TRAINERS = ("ddp", "fsdp")
+
+
 def _next_step(args: argparse.Namespace, best: Candidate, adapters: Adapters | None) -> str:
     """The ``torchx run`` line that trains ``best``, or for a shape of one's own what to do."""
     if any(getattr(args, flag) for flag in ("layers", "heads", "hidden", "vocab", "context")):
@@ -178,6 +200,10 @@ def _next_step(args: argparse.Namespace, best: Candidate, adapters: Adapters | N
                     + (f" --lora-rank {args.lora_rank}" if adapters else "")
                     + (f" --lora-targets {args.lora_targets}" if adapters and args.lora_targets
                        else ""))
+    if args.fault_tolerant:
+        return "  " + torchx_command(
+            args, f"components/fault_tolerant.py:fault_tolerant --trainer {best.trainer} "
+            f"--groups {args.nodes}", trainer_args)
     return "  " + torchx_command(args, TRAINERS[best.trainer].component, trainer_args)
 
 
@@ -281,7 +307,8 @@ def torchx_command(args: argparse.Namespace, component: str, trainer_args: str) 
     image = ""
     if args.scheduler == "kubernetes":
         image = f" --image {args.image or 'torchx-templates:' + ('cuda' if gpus else 'cpu')}"
-    return (f"torchx run -s {args.scheduler} {component} -j {args.nodes}x{args.devices_per_node}"
+    nodes = 1 if args.fault_tolerant else args.nodes  # -j is one replica group's
+    return (f"torchx run -s {args.scheduler} {component} -j {nodes}x{args.devices_per_node}"
             f"{image} {launch} -- {trainer_args}")
 
 
