@@ -44,10 +44,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def component_command(run_dir: Path, min_replicas: int, trainer_args: list[str]) -> list[str]:
-    """``torchx run -s local_cwd`` of 2 replica groups x 2 ranks writing to ``run_dir``."""
+def component_command(run_dir: Path, trainer: str, min_replicas: int,
+                      trainer_args: list[str]) -> list[str]:
+    """``torchx run -s local_cwd`` of 2 replica groups x 2 ranks of ``trainer`` writing to
+    ``run_dir``."""
     return [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd", COMPONENT,
-            "--groups", "2", "--min_replicas", str(min_replicas), "-j", "1x2",
+            "--trainer", trainer, "--groups", "2", "--min_replicas", str(min_replicas),
+            "-j", "1x2",
             "--lighthouse_port", str(free_port()), "--", *trainer_args,
             "--output-dir", str(run_dir)]
 
@@ -59,23 +62,27 @@ def records(group_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def test_replica_groups_step_as_plain_ddp_over_all_their_ranks(tmp_path):
-    """2 groups x 2 ranks (min_replicas 2: both in every quorum) against DDP on 4 ranks with
-    the same global batch: every step's loss within 1e-5 in both groups' metrics, and the job
-    succeeds once the lighthouse sees both groups finish."""
+@pytest.mark.parametrize("trainer", ["ddp", "fsdp"])
+def test_replica_groups_step_as_the_trainer_over_all_their_ranks(tmp_path, trainer):
+    """2 groups x 2 ranks (min_replicas 2: both in every quorum) against the trainer on 4
+    ranks with the same global batch (FSDP: sharded over a group, not all 4): every step's
+    loss within 1e-5 in both groups' metrics, and the job succeeds once the lighthouse sees
+    both groups finish."""
     args = without(TINY, "--steps") + ["--steps", "6"]
-    reference = tmp_path / "ddp"
-    run_trainer([*args, "--output-dir", str(reference)], nproc=4)
+    reference = tmp_path / trainer
+    run_trainer([*args, "--output-dir", str(reference)], nproc=4, module=f"trainers.{trainer}")
     run_dir = tmp_path / "ft"
-    proc = subprocess.run(component_command(run_dir, 2, args), cwd=REPO, env=child_env(),
+    proc = subprocess.run(component_command(run_dir, trainer, 2, args), cwd=REPO,
+                          env=child_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "Job finished: SUCCEEDED" in proc.stderr, proc.stderr[-4000:]
     for group in (0, 1):
         assert_close(losses(run_dir / f"replica_group_{group}"), losses(reference))
 
 
-def _worker_pids(group: int) -> list[int]:
-    """The trainer processes of replica group ``group`` (not their torchrun, not the shell)."""
+def _worker_pids(module: str, group: int) -> list[int]:
+    """The ``module`` processes of replica group ``group`` (not their torchrun, not the
+    shell)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -85,7 +92,7 @@ def _worker_pids(group: int) -> list[int]:
         except OSError:
             continue
         words = [w.decode(errors="replace") for w in argv if w]
-        if (len(words) > 2 and "trainers.ddp" in words and "--nproc_per_node" not in words
+        if (len(words) > 2 and module in words and "--nproc_per_node" not in words
                 and "bash" not in Path(words[0]).name
                 and any(a == "--replica-group" and b == str(group)
                         for a, b in zip(words, words[1:], strict=False))):
@@ -94,7 +101,8 @@ def _worker_pids(group: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_killed_replica_group_heals_while_the_other_keeps_stepping(tmp_path):
+@pytest.mark.parametrize("trainer", ["ddp", "fsdp"])
+def test_a_killed_replica_group_heals_while_the_other_keeps_stepping(tmp_path, trainer):
     """SIGKILL of one worker of group 1 after its step 10: group 0 never restarts and its steps
     only go forward; group 1 restarts alone (torchrun), heals from group 0's state (its steps
     jump to group 0's) and ends with parameters equal to group 0's; the job SUCCEEDS."""
@@ -102,14 +110,15 @@ def test_a_killed_replica_group_heals_while_the_other_keeps_stepping(tmp_path):
         "--steps", "400", "--log-every", "1", "--checkpoint-every", "100",
         "--train-samples", "4096"]
     run_dir = tmp_path / "ft"
-    job = subprocess.Popen(component_command(run_dir, 1, args), cwd=REPO, env=child_env(),
+    job = subprocess.Popen(component_command(run_dir, trainer, 1, args), cwd=REPO,
+                           env=child_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 180
         while not any(r["step"] >= 10 for r in records(run_dir / "replica_group_1")):
             assert job.poll() is None and time.monotonic() < deadline, "group 1 stuck before 10"
             time.sleep(0.2)
-        victims = _worker_pids(1)
+        victims = _worker_pids(f"trainers.{trainer}", 1)
         assert len(victims) == 2, victims
         killed_after = max(r["step"] for r in records(run_dir / "replica_group_1"))
         os.kill(victims[0], signal.SIGKILL)

@@ -7,7 +7,10 @@ and cosine decay, autocast, evaluation, checkpoints, metrics and the summary.
 :func:`train` reads top to bottom: :func:`start_run` builds the run (data, optimizer,
 checkpointer, resume, metrics) into a :class:`Run` and its :class:`RunState`; each step is
 :func:`train_step`, :func:`log_step`, :func:`save_step` and the caller's hook, until the last
-step or an agreed preemption; :func:`finish` writes the summary.
+step or an agreed preemption; :func:`finish` writes the summary. The strategy names the step
+to take (:meth:`~trainers.core.strategy.Strategy.begin_step`: replica groups may jump to their
+live peers' step) and whether its optimizer step applies
+(:meth:`~trainers.core.strategy.Strategy.commit`: else it is taken again).
 
 The host waits for the device only at flush points, as nanoGPT reads its loss only when it
 logs: a step leaves its loss and gradient norm on the device (clipping too stays there:

@@ -203,9 +203,8 @@ def group_store(env: DistEnv) -> tuple[dist.Store, str, int]:
     dead manager's address). Returns the store, its host and port (every rank)."""
     where: list[Any] = [None]
     store = None
-    if env.rank == 0:
-        store = dist.TCPStore("::" if socket.has_ipv6 else "0.0.0.0", 0, is_master=True,
-                              wait_for_workers=False, use_libuv=True)
+    if env.rank == 0:  # the server listens on every interface; peers use the host's name
+        store = dist.TCPStore(socket.gethostname(), 0, is_master=True, wait_for_workers=False)
         where = [(socket.gethostname(), store.port)]
     dist.broadcast_object_list(where, src=0)
     host, port = where[0]
