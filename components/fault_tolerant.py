@@ -17,7 +17,7 @@ from components.launch import (
     with_output_dir,
 )
 from trainers.config.parsing import parse_config
-from trainers.runs.replica_groups import LIGHTHOUSE_PORT
+from trainers.runs.replica_groups import FINISHED_PORT_OFFSET, LIGHTHOUSE_PORT
 
 # The trainers whose replicas a replica group can hold (their table entries serve the options).
 TRAINERS = ("ddp", "fsdp")
@@ -51,10 +51,10 @@ def fault_tolerant(
 
     The job's first role is torchft's lighthouse (``python -m trainers.tools.lighthouse``),
     which holds every step's quorum of the groups alive and stops once every group has
-    trained to --steps; then one role per replica group, each a torchrun of ``-j 1xN`` ranks
-    of the trainer on one node. A group that loses a rank restarts alone (torchrun's in-place
-    restarts, then its role's retries: ``max_retries`` each) and heals from a live group's
-    weights while the others keep stepping. Each group writes its run to
+    reported having trained to --steps; then one role per replica group, each a torchrun of
+    ``-j 1xN`` ranks of the trainer on one node. A group that loses a rank restarts alone
+    (torchrun's in-place restarts, then its role's retries: ``max_retries`` each) and heals
+    from a live group's weights while the others keep stepping. Each group writes its run to
     ``<output-dir>/replica_group_<i>``; ``--batch-size`` is the global batch of all groups.
 
     Args:
@@ -62,7 +62,8 @@ def fault_tolerant(
         trainer: ddp (each rank a whole replica) or fsdp (the model sharded inside a group)
         groups: replica groups, each a role of its own (one node of -j 1xN ranks)
         min_replicas: groups a step needs to commit (1: train on with any group alive)
-        lighthouse_port: the port the lighthouse serves on (the first role's node)
+        lighthouse_port: the port the lighthouse serves on (the first role's node; the groups
+            report having finished on the next one)
     """
     if trainer not in TRAINERS:
         raise ComponentArgumentError(f"--trainer {trainer}: replica groups hold the ddp or fsdp "
@@ -73,9 +74,9 @@ def fault_tolerant(
         raise ComponentArgumentError(
             f"--min_replicas {min_replicas} must be between 1 and the {groups} --groups (more "
             "could never commit a step); pass --min_replicas 1 to train on with any group alive")
-    if not 1 <= lighthouse_port <= 65535:
+    if not 1 <= lighthouse_port < 65535:
         raise ComponentArgumentError(f"--lighthouse_port {lighthouse_port}: not a TCP port; pass "
-                                     f"1-65535, e.g. {LIGHTHOUSE_PORT}")
+                                     f"1-65534 (the next one is its too), e.g. {LIGHTHOUSE_PORT}")
     if node_range(j)[1] != 1:
         raise ComponentArgumentError(f"-j {j}: a replica group is one node here (-j 1xN); add "
                                      "nodes as more --groups")
@@ -109,7 +110,9 @@ def fault_tolerant(
               "--min-replicas", str(min_replicas), "--steps", str(cfg.steps),
               "--output-dir", cfg.output_dir, "--port", str(lighthouse_port)],
         env=dict(env or {}), resource=LIGHTHOUSE_RESOURCE,
-        port_map={"lighthouse": lighthouse_port}, max_retries=max_retries,
+        port_map={"lighthouse": lighthouse_port,
+                  "finished": lighthouse_port + FINISHED_PORT_OFFSET},
+        max_retries=max_retries,
         retry_policy=specs.RetryPolicy.APPLICATION,
         mounts=roles[0].mounts)
     return specs.AppDef(name="fault_tolerant", roles=[lighthouse_role, *roles])

@@ -34,6 +34,7 @@ from tests.support.runs import (
     torchx_cli,
     without,
 )
+from trainers.runs.replica_groups import report_finished
 
 COMPONENT = "components/fault_tolerant.py:fault_tolerant"
 
@@ -211,3 +212,31 @@ def test_the_planner_plans_replica_groups_one_a_node_and_its_command_dry_runs(ca
         plan.main(["--model", "tiny", "--nodes", "3", "--global-batch", "8",
                    "--fault-tolerant"])
     assert "does not split over 3 replica groups" in capsys.readouterr().err
+
+
+def test_the_lighthouse_stops_when_every_group_reports_having_finished(tmp_path):
+    """Pods share no disk: the groups' reports alone stop the lighthouse (a report of another
+    --steps does not count), and it exits 0 for the job to succeed."""
+    port = free_port()
+    while True:  # the reports' port is the next one
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port + 1))
+                break
+            except OSError:
+                port = free_port()
+    lighthouse = subprocess.Popen(
+        [sys.executable, "-m", "trainers.tools.lighthouse", "--groups", "2", "--steps", "5",
+         "--output-dir", str(tmp_path / "elsewhere"), "--port", str(port)],
+        cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://localhost:{port}"
+        assert report_finished(url, 0, 5) and report_finished(url, 1, 4)
+        time.sleep(3)
+        assert lighthouse.poll() is None, lighthouse.communicate()[0]
+        assert report_finished(url, 1, 5)
+        output, _ = lighthouse.communicate(timeout=30)
+    finally:
+        if lighthouse.poll() is None:
+            lighthouse.kill()
+    assert lighthouse.returncode == 0 and "every replica group trained 5 steps" in output, output

@@ -2,16 +2,22 @@
 
 The groups meet at torchft's lighthouse, named by a URL (:func:`lighthouse_address`); each
 writes its own run under ``<output-dir>/replica_group_<i>`` (:func:`group_run_dir`: a group's
-checkpoints are its ranks' shards, so groups never share a directory); the job is done when
-every group's summary says it trained to the last step (:func:`groups_finished`), which is
-when the lighthouse may stop. Plain Python without torch: components check the address before
-anything is scheduled.
+checkpoints are its ranks' shards, so groups never share a directory). The job is done when
+every group trained to the last step, which is when the lighthouse may stop: each group's
+rank 0 tells it so on the port beside the lighthouse's (:func:`report_finished`; pods share
+no disk), and where the groups' runs are visible to it (one file system, a bucket) their
+summaries say so too (:func:`groups_finished`: a lighthouse restarted after a group
+reported). Plain Python without torch: components check the address before anything is
+scheduled.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
+import urllib.request
 from urllib.parse import urlsplit
 
 from trainers.errors import ConfigError
@@ -20,6 +26,10 @@ from trainers.runs.storage import RunPath
 # torchft's lighthouse port (torchft_lighthouse --bind [::]:29510 in its documentation).
 LIGHTHOUSE_PORT = 29510
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+# The finished groups report on the port after the lighthouse's (its role maps both).
+FINISHED_PORT_OFFSET = 1
+
+log = logging.getLogger(__name__)
 
 
 def lighthouse_address(given: str) -> tuple[str, str, int]:
@@ -58,3 +68,30 @@ def groups_finished(run_dir: RunPath, groups: int, steps: int) -> bool:
         if summary.get("steps") != steps or summary.get("preempted"):
             return False
     return True
+
+
+def finished_url(lighthouse: str) -> str:
+    """Where a group that trained to the last step reports, beside ``lighthouse`` (its URL)."""
+    _, host, port = lighthouse_address(lighthouse)
+    return f"http://{host}:{port + FINISHED_PORT_OFFSET}/finished"
+
+
+def report_finished(lighthouse: str, group: int, steps: int, seconds: float = 30.0) -> bool:
+    """Tell the lighthouse of ``lighthouse`` (its URL) that replica group ``group`` trained to
+    ``steps``, retrying for ``seconds``; whether it answered (a lighthouse that does not is
+    stopped by the groups' summaries, or by the job's end, so this only warns)."""
+    body = json.dumps({"group": group, "steps": steps}).encode()
+    url = finished_url(lighthouse)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            request = urllib.request.Request(url, data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5):
+                return True
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                log.warning("could not tell the lighthouse at %s that replica group %d "
+                            "finished: %s", url, group, err)
+                return False
+            time.sleep(1)

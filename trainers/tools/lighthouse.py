@@ -1,20 +1,29 @@
 """torchft's lighthouse for a fault-tolerant job: ``python -m trainers.tools.lighthouse --help``.
 
 It holds the per-step quorum of the job's replica groups (``--fault-tolerant``) on ``--port``
-until every group's summary in ``--output-dir`` says it trained to ``--steps``
-(:func:`trainers.runs.replica_groups.groups_finished`, looked at every 2 s), then exits 0: the
-lighthouse role of ``components/fault_tolerant.py`` ends when its groups do, so the job
-succeeds with them.
+until every group has trained to ``--steps``, then exits 0: the lighthouse role of
+``components/fault_tolerant.py`` ends when its groups do, so the job succeeds with them. A
+group's rank 0 reports so on ``--port`` + 1 (``POST /finished``,
+:func:`trainers.runs.replica_groups.report_finished`); where the groups' runs are visible
+here, their summaries in ``--output-dir`` count too (a lighthouse restarted after a group
+reported; :func:`trainers.runs.replica_groups.groups_finished`, looked at every 2 s).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import threading
 import time
 from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from trainers.runs.log_setup import configure_logging
-from trainers.runs.replica_groups import LIGHTHOUSE_PORT, groups_finished
+from trainers.runs.replica_groups import (
+    FINISHED_PORT_OFFSET,
+    LIGHTHOUSE_PORT,
+    groups_finished,
+)
 from trainers.runs.storage import location
 
 
@@ -33,6 +42,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=5000,
                         help="silence after which a group is dead and leaves the quorum")
     return parser
+
+
+def finished_server(port: int, steps: int) -> tuple[ThreadingHTTPServer, set[int]]:
+    """An HTTP server on ``port`` (started in a thread) that records the groups that report
+    having trained to ``steps`` (``POST /finished`` of ``{"group": I, "steps": N}``)."""
+    finished: set[int] = set()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            try:
+                report = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                group, reached = int(report["group"]), int(report["steps"])
+            except (TypeError, ValueError, KeyError):
+                self.send_error(400, 'expected {"group": I, "steps": N}')
+                return
+            if self.path == "/finished" and reached == steps:
+                finished.add(group)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:  # the groups' reports print below
+            pass
+
+    server = ThreadingHTTPServer(("", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, finished
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -55,12 +90,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             error = err
     if server is None:
         parser.exit(1, f"cannot serve the lighthouse on port {args.port}: {error}\n")
+    reports, finished = finished_server(args.port + FINISHED_PORT_OFFSET, args.steps)
     print(f"lighthouse serving {args.groups} replica groups at {server.address()}", flush=True)
     run_dir = location(args.output_dir)
     try:
-        while not groups_finished(run_dir, args.groups, args.steps):
+        while not (len(finished) >= args.groups
+                   or groups_finished(run_dir, args.groups, args.steps)):
             time.sleep(2)
     finally:
+        reports.shutdown()
         server.shutdown()
     print(f"every replica group trained {args.steps} steps: lighthouse stopped", flush=True)
 
