@@ -16,6 +16,7 @@ from components.launch import (
     trainer_app,
     with_output_dir,
 )
+from components.schedulers.slurm.script import COLOCATED
 from trainers.config.parsing import parse_config
 from trainers.runs.replica_groups import FINISHED_PORT_OFFSET, LIGHTHOUSE_PORT
 
@@ -100,6 +101,9 @@ def fault_tolerant(
                           run_args=["--lighthouse", lighthouse])
         role = app.roles[0]
         role.name = f"replica_group_{group}"
+        # a lost group restarts alone (Kubernetes: its task or Job; the lighthouse and the
+        # other groups keep running), never the job
+        role.retry_policy = specs.RetryPolicy.REPLICA
         roles.append(role)
     # The groups' --steps and --output-dir (checked above), for the lighthouse to stop after.
     cfg = parse_config([*with_output_dir(script_args), *ft_args], trainer,
@@ -114,5 +118,7 @@ def fault_tolerant(
                   "finished": lighthouse_port + FINISHED_PORT_OFFSET},
         max_retries=max_retries,
         retry_policy=specs.RetryPolicy.APPLICATION,
-        mounts=roles[0].mounts)
+        mounts=roles[0].mounts,
+        # Slurm: a step on the first group's node, not a node of its own (script.py)
+        metadata={COLOCATED: True})
     return specs.AppDef(name="fault_tolerant", roles=[lighthouse_role, *roles])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.integration import test_kubernetes_fault_tolerant as fault_tolerant_tests
 from tests.integration import test_kubernetes_jobset as jobset_tests
 from tests.integration import test_kubernetes_render as volcano_tests
 from tests.integration.test_kubernetes_manifests import CRD_KINDS
@@ -79,6 +80,16 @@ def test_jobset_with_pod_options_and_max_retries_matches_the_crd(jobset_crds):
 @pytest.mark.parametrize(("j", "options", "cfg", "size"), volcano_tests.SHM_CASES)
 def test_jobset_with_sized_dev_shm_matches_the_crd(jobset_crds, j, options, cfg, size):
     validate_jobset(jobset_tests.render_shm_case(j, options, cfg))
+
+
+def test_fault_tolerant_volcano_job_matches_the_crd(volcano_crds):
+    """The lighthouse task and the replica groups' own task policies (RestartTask)."""
+    validate_volcano(fault_tolerant_tests.render_volcano())
+
+
+def test_fault_tolerant_jobset_matches_the_crd(jobset_crds):
+    """The replica groups' backoffLimit and the FailJobSet rule naming them."""
+    validate_jobset(fault_tolerant_tests.render_jobset())
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

@@ -14,7 +14,9 @@ template serves every pod of a role, so TorchX's ``${replica_id}`` becomes the J
 included), and :data:`RANK0_ENV` names the first pod of the first role in every pod, itself
 included: torchrun's c10d endpoint. Elastic ``-j MIN:MAX``: JobSet has no minimum size, so MAX
 pods run, admitted as one gang; torchrun keeps ``--nnodes MIN:MAX`` (a one-line warning says
-so). Bad options raise :class:`components.errors.ComponentArgumentError` before anything is
+so). A role with TorchX's REPLICA retry policy (the ``fault_tolerant`` component's replica
+groups) restarts its pods alone (:func:`components.schedulers.k8s.preemption.failure_policy`).
+Bad options raise :class:`components.errors.ComponentArgumentError` before anything is
 submitted; ``torchx run`` prints that one line and exits 1.
 """
 
@@ -49,7 +51,7 @@ from torchx.util.strings import normalize_str
 from components.schedulers.k8s import options, states
 from components.schedulers.k8s.base import HardenedKubernetesScheduler
 from components.schedulers.k8s.pod import customize_pod, pod_options, processes_per_pod
-from components.schedulers.k8s.preemption import failure_policy
+from components.schedulers.k8s.preemption import failure_policy, job_retries, restarts_alone
 
 NAME = "kubernetes_jobset"
 API_GROUP = "jobset.x-k8s.io"
@@ -88,9 +90,11 @@ def app_to_jobset(app: AppDef, name: str, local_queue: str, cfg: Mapping[str, An
         if cfg.get("priority_class"):
             pod["spec"]["priorityClassName"] = cfg["priority_class"]
         replicas = role.num_replicas
+        # a failed pod fails its Job (and the JobSet restarts), unless it restarts alone
+        backoff = role.max_retries if restarts_alone(role) else 0
         replicated_jobs.append({"name": rj_name, "replicas": 1, "template": {"spec": {
             "completionMode": "Indexed", "completions": replicas, "parallelism": replicas,
-            "backoffLimit": 0, "template": pod}}})
+            "backoffLimit": backoff, "template": pod}}})
     labels = {states.QUEUE_LABEL: local_queue}
     if cfg.get("workload_priority_class"):
         labels[PRIORITY_LABEL] = cfg["workload_priority_class"]
@@ -101,7 +105,8 @@ def app_to_jobset(app: AppDef, name: str, local_queue: str, cfg: Mapping[str, An
         "spec": {
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True,
                         "subdomain": name},
-            "failurePolicy": failure_policy(min(role.max_retries for role in app.roles)),
+            "failurePolicy": failure_policy(job_retries(app.roles), [
+                normalize_str(role.name) for role in app.roles if restarts_alone(role)]),
             "replicatedJobs": replicated_jobs,
         },
     }

@@ -13,7 +13,10 @@ failure policy (:func:`failure_policy`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+from torchx.specs import RetryPolicy, Role
 
 from components.schedulers.k8s.options import refuse
 
@@ -31,6 +34,9 @@ TERMINATION_GRACE_HELP = (
 # Volcano events of a pod taken away (deleted: evicted, preempted, drained) or ended in failure
 # (the trainers' exit after a preemption save, a crash, a lost node).
 EVENTS = ("PodEvicted", "PodFailed")
+# The JobSet failure-policy rule of replicatedJobs that restart their pods alone (JobSet's
+# webhook wants ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$).
+RESTART_ALONE_RULE = "ReplicaRetriesExhausted"
 
 
 def check_termination_grace(scheduler: str, value: int, shutdown_timeout: str | None) -> None:
@@ -51,7 +57,19 @@ def check_termination_grace(scheduler: str, value: int, shutdown_timeout: str | 
             f"termination_grace_s or pass --env PET_SHUTDOWN_TIMEOUT={value}")
 
 
-def restart_policy(max_retries: int) -> dict[str, Any]:
+def restarts_alone(role: Role) -> bool:
+    """Whether a failed or evicted replica of ``role`` restarts alone (TorchX's REPLICA retry
+    policy, e.g. a replica group of the ``fault_tolerant`` component) rather than the job."""
+    return role.retry_policy == RetryPolicy.REPLICA and role.max_retries > 0
+
+
+def job_retries(roles: Sequence[Role]) -> int:
+    """The job's restarts: the fewest ``max_retries`` of the roles that restart the job (none:
+    0), as TorchX counts them."""
+    return min((r.max_retries for r in roles if not restarts_alone(r)), default=0)
+
+
+def restart_policy(max_retries: int, replica_restarts: int = 0) -> dict[str, Any]:
     """The Volcano Job (``kubernetes``) ``spec`` fields that restart the job ``max_retries`` times.
 
     Each PodEvicted or PodFailed restarts the job (``RestartJob``) while restarts remain. Volcano
@@ -62,13 +80,29 @@ def restart_policy(max_retries: int) -> dict[str, Any]:
     the claim for a resubmission with ``--output-dir outputs/<job name>``. Without these
     policies Volcano would create an evicted pod again on its own, into a job whose other ranks
     have stopped.
+
+    A replica that restarts alone (:func:`restarts_alone`) has task-level policies instead
+    (:func:`task_restart_policy`), which Volcano applies before the job's; but Volcano v1.15
+    counts each such ``RestartTask`` in the job's one ``retryCount`` against the job's
+    ``maxRetry`` too (its task-level ``maxRetry`` only bounds in-place container restarts), so
+    ``replica_restarts`` (the sum of those replicas' ``max_retries``) is added to it: every
+    replica gets its own restarts, and one that needs more can use another's share.
     """
     action = "RestartJob" if max_retries > 0 else "TerminateJob"
-    return {"maxRetry": max_retries + 1,
+    return {"maxRetry": max_retries + replica_restarts + 1,
             "policies": [{"event": event, "action": action} for event in EVENTS]}
 
 
-def failure_policy(max_retries: int) -> dict[str, Any]:
+def task_restart_policy(max_retries: int) -> dict[str, Any]:
+    """The Volcano task fields of a replica that restarts alone (:func:`restarts_alone`): a
+    PodEvicted or PodFailed restarts that task only (``RestartTask``), the other tasks keep
+    running; its ``max_retries`` are counted in the job's ``maxRetry`` (:func:`restart_policy`).
+    """
+    return {"maxRetry": max_retries,
+            "policies": [{"event": event, "action": "RestartTask"} for event in EVENTS]}
+
+
+def failure_policy(max_retries: int, restart_alone: Sequence[str] = ()) -> dict[str, Any]:
     """The JobSet (``kubernetes_jobset``) ``failurePolicy`` of ``--max_retries``.
 
     Each Job has ``backoffLimit: 0``, so any failed or evicted pod fails its Job (reason
@@ -80,5 +114,15 @@ def failure_policy(max_retries: int) -> dict[str, Any]:
     restart a job forever. At 0 the first failure fails the JobSet. A suspension by Kueue
     (preemption in the queue) is no failure: the pods are deleted and created again on
     readmission, without counting.
+
+    ``restart_alone``: the replicatedJobs whose replicas restart alone (:func:`restarts_alone`):
+    their Jobs' ``backoffLimit`` is their role's ``max_retries``, so the Job controller replaces
+    a failed or evicted pod (same index, same host name) without the JobSet noticing; a Job
+    that fails anyway has spent its own retries and fails the JobSet (rule
+    :data:`RESTART_ALONE_RULE`) rather than restarting the other replicatedJobs.
     """
-    return {"maxRestarts": max_retries, "restartStrategy": "Recreate"}
+    policy: dict[str, Any] = {"maxRestarts": max_retries, "restartStrategy": "Recreate"}
+    if restart_alone:
+        policy["rules"] = [{"name": RESTART_ALONE_RULE, "action": "FailJobSet",
+                            "targetReplicatedJobs": list(restart_alone)}]
+    return policy

@@ -8,7 +8,8 @@ node shapes, the read-only root file system and the termination grace period, an
 the Volcano Job that TorchX renders: every pod gets the hardened security context and the
 /dev/shm sized for its processes of :mod:`components.schedulers.k8s.pod`, and the job the
 restart policy of :mod:`components.schedulers.k8s.preemption` (an evicted or failed pod
-restarts the whole job, at most ``--max_retries`` times).
+restarts the whole job, at most ``--max_retries`` times; a replica of a role with TorchX's
+REPLICA retry policy, e.g. a ``fault_tolerant`` replica group, restarts alone).
 The pod options, their checks and the API server's dry run are shared with
 ``kubernetes_jobset`` (:mod:`components.schedulers.k8s.base`). Bad options raise
 :class:`components.errors.ComponentArgumentError` before anything is submitted; ``torchx run``
@@ -41,7 +42,12 @@ from components.schedulers.k8s.options import (
     refuse,
 )
 from components.schedulers.k8s.pod import customize_pod, pod_options, processes_per_pod
-from components.schedulers.k8s.preemption import restart_policy
+from components.schedulers.k8s.preemption import (
+    job_retries,
+    restart_policy,
+    restarts_alone,
+    task_restart_policy,
+)
 from components.schedulers.torchx_workarounds.releases import replace_cfg
 
 NAME = "kubernetes"
@@ -89,10 +95,14 @@ class KubernetesScheduler(HardenedKubernetesScheduler):
         for task in job["spec"]["tasks"]:
             role = app.roles[int(task["template"]["metadata"]["labels"][LABEL_ROLE_INDEX])]
             task["template"] = customize_pod(task["template"], pods, processes_per_pod(role))
-            # TorchX's per-task policies and maxRetry give way to the job's (restart_policy)
+            # TorchX's per-task policies and maxRetry give way to the job's (restart_policy),
+            # except for a replica that restarts alone (task_restart_policy)
             task.pop("policies", None)
             task.pop("maxRetry", None)
-        job["spec"].update(restart_policy(min(role.max_retries for role in app.roles)))
+            if restarts_alone(role):
+                task.update(task_restart_policy(role.max_retries))
+        job["spec"].update(restart_policy(job_retries(app.roles), sum(
+            role.max_retries for role in app.roles if restarts_alone(role))))
         if cfg.get("validate_spec"):
             self.validate_on_server(job, cast(str, cfg.get("namespace") or "default"),
                                     group="batch.volcano.sh", version="v1alpha1", plural="jobs")

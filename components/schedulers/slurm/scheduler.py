@@ -35,7 +35,7 @@ from components.schedulers.slurm.options import (
     slurm_error,
 )
 from components.schedulers.slurm.preflight import preflight
-from components.schedulers.slurm.script import JobRequest, job_request
+from components.schedulers.slurm.script import COLOCATED, JobRequest, job_request
 from components.schedulers.slurm.states import (
     describe_accounted,
     describe_queued,
@@ -79,14 +79,16 @@ class ExtendedSlurmScheduler(SubmitChecks, StrictRunOptions, SlurmSchedulerBase)
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, Any]) -> AppDryRunInfo[JobRequest]:
         parent = cfg.get("job_dir")
         workspace = app.roles[0].metadata.get(_SNAPSHOT_OF)
+        colocated = tuple(f"{role.name}-0" for role in app.roles
+                          if role.metadata.get(COLOCATED) and role.num_replicas == 1)
         if workspace is None:  # with a workspace, the pre-flight ran before it was noted
-            preflight(cfg, sum(role.num_replicas for role in app.roles))
+            preflight(cfg, sum(role.num_replicas for role in app.roles) - len(colocated))
         if parent is not None:
             cfg = replace_cfg(cfg, job_dir=app.roles[0].image if workspace is not None
                               else new_job_dir(parent, app.roles[0].name))
         info = super()._submit_dryrun(app, cfg)  # type: ignore[arg-type]
         request = job_request(info.request, cfg, added_sbatch_opts(super()._run_opts()),
-                              workspace, parent)
+                              workspace, parent, colocated)
         return AppDryRunInfo(request, repr)
 
     def schedule_checked(self, dryrun_info: AppDryRunInfo[JobRequest]) -> str:

@@ -10,7 +10,14 @@ component per replica, one srun, requeue on failure up to ``max_retries``) plus:
   before each attempt, so the attempts of a requeued job stay apart in the appended logs
   (sbatch and srun ``--open-mode=append``);
 * with ``signal_grace``, srun in the background under the traps that forward SIGUSR1 and
-  requeue the job once the tasks saved (:mod:`components.schedulers.slurm.requeue`).
+  requeue the job once the tasks saved (:mod:`components.schedulers.slurm.requeue`);
+* colocated replicas (a one-replica role whose metadata sets :data:`COLOCATED`, e.g. the
+  ``fault_tolerant`` component's lighthouse): no heterogeneous component of their own (Slurm
+  gives each component nodes of its own, so a small service would take a whole node) but a job
+  step on the first component's node (``srun --het-group=0 --overlap``), started before the
+  tasks, so that TorchX's rank0 host (``SLURM_JOB_NODELIST_HET_GROUP_0``) names its node; once
+  the tasks have ended it gets :data:`COLOCATED_GRACE_S` seconds to end too (it is ended at
+  once if they failed), and its failure fails the job.
 """
 
 from __future__ import annotations
@@ -24,6 +31,20 @@ import torchx
 from torchx.schedulers.slurm_scheduler import SlurmBatchRequest, SlurmReplicaRequest
 
 from components.schedulers.slurm.requeue import REQUEUE, TRAPS, WAIT_FOR_SRUN, sbatch_signal
+
+# Role metadata key: run the (one-replica) role as a step on the first component's node.
+COLOCATED = "torchx_templates/slurm/colocated"
+# Seconds a colocated step may take to end after the tasks ended well.
+COLOCATED_GRACE_S = 60
+_COLOCATED_END = f"""for pid in $colocated; do
+    [ $exitcode -eq 0 ] || kill "$pid" 2>/dev/null
+    for _ in $(seq {COLOCATED_GRACE_S}); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill "$pid" 2>/dev/null
+    wait "$pid"
+    code=$?
+    [ $exitcode -ne 0 ] || exitcode=$code
+done
+"""
 
 _RETRIES = """echo "job exited with code $exitcode"
 if [ $exitcode -ne 0 ]; then
@@ -49,14 +70,19 @@ class JobRequest:
     workspace: str | None = None
     jobs_parent: str | None = None
     signal_grace: int | None = None
+    colocated: tuple[str, ...] = ()
 
     def materialize(self) -> str:
         """The job script (see the module docstring)."""
-        sbatch_groups, srun_groups = [], []
-        for i, replica in enumerate(self.replicas.values()):
-            if i > 0:
-                srun_groups.append(":\\\n    ")
+        sbatch_groups, srun_groups, steps = [], [], []
+        for name, replica in self.replicas.items():
             sbatch_group, srun_group = replica.materialize()
+            if name in self.colocated:
+                steps.append(f"srun --het-group=0 --overlap --ntasks=1 {' '.join(srun_group)} &"
+                             '\ncolocated="$colocated $!"\n')
+                continue
+            if sbatch_groups:
+                srun_groups.append(":\\\n    ")
             sbatch_groups.append(" ".join(sbatch_group))
             srun_groups += srun_group
         sbatch_lines = "#SBATCH hetjob\n".join(f"#SBATCH {group}\n" for group in sbatch_groups)
@@ -76,8 +102,8 @@ export TORCHX_MAX_RETRIES={self.max_retries}
 
 {self._attempt_lines()}
 {TRAPS if grace else ""}set +e
-srun {srun}exitcode=$?
-set -e
+{"colocated=" + chr(10) + "".join(steps) if steps else ""}srun {srun}exitcode=$?
+{_COLOCATED_END if steps else ""}set -e
 
 {REQUEUE if grace else ""}{_RETRIES}"""
 
@@ -103,14 +129,15 @@ set -e
 
 
 def job_request(request: SlurmBatchRequest, cfg: Mapping[str, Any], added_opts: list[str],
-                workspace: str | None, jobs_parent: str | None) -> JobRequest:
+                workspace: str | None, jobs_parent: str | None,
+                colocated: tuple[str, ...] = ()) -> JobRequest:
     """TorchX's ``request`` with this scheduler's run options ``cfg`` applied: the options of
     ``added_opts`` (those TorchX does not render itself), ``exclusive``, ``signal_grace``, the
     pyxis container, and appending logs."""
     job = JobRequest(cmd=[*request.cmd, "--open-mode=append"], replicas=request.replicas,
                      job_dir=request.job_dir, max_retries=request.max_retries,
                      workspace=workspace, jobs_parent=jobs_parent,
-                     signal_grace=cfg.get("signal_grace"))
+                     signal_grace=cfg.get("signal_grace"), colocated=colocated)
     for replica in job.replicas.values():
         replica.srun_opts["open-mode"] = "append"
         _env_with_commas_on_command_line(replica)
