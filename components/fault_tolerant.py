@@ -23,7 +23,8 @@ from trainers.runs.replica_groups import FINISHED_PORT_OFFSET, LIGHTHOUSE_PORT
 # The trainers whose replicas a replica group can hold (their table entries serve the options).
 TRAINERS = ("ddp", "fsdp")
 # What the lighthouse role asks for: it only answers quorum requests.
-LIGHTHOUSE_RESOURCE = specs.Resource(cpu=1, gpu=0, memMB=1024)
+# (Kubernetes requests memMB less TorchX's 1024 MB reserve: 1 GB.)
+LIGHTHOUSE_RESOURCE = specs.Resource(cpu=1, gpu=0, memMB=2048)
 
 
 @launch_options

@@ -230,6 +230,8 @@ def test_the_lighthouse_stops_when_every_group_reports_having_finished(tmp_path)
          "--output-dir", str(tmp_path / "elsewhere"), "--port", str(port)],
         cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        started = next((line for line in lighthouse.stdout if "lighthouse serving" in line), "")
+        assert "serving 2 replica groups" in started, lighthouse.communicate()[0]
         url = f"http://localhost:{port}"
         assert report_finished(url, 0, 5) and report_finished(url, 1, 4)
         time.sleep(3)

@@ -76,10 +76,11 @@ def finished_url(lighthouse: str) -> str:
     return f"http://{host}:{port + FINISHED_PORT_OFFSET}/finished"
 
 
-def report_finished(lighthouse: str, group: int, steps: int, seconds: float = 30.0) -> bool:
+def report_finished(lighthouse: str, group: int, steps: int, seconds: float = 3.0) -> bool:
     """Tell the lighthouse of ``lighthouse`` (its URL) that replica group ``group`` trained to
-    ``steps``, retrying for ``seconds``; whether it answered (a lighthouse that does not is
-    stopped by the groups' summaries, or by the job's end, so this only warns)."""
+    ``steps``, retrying for ``seconds``; whether it answered. The lighthouse served this group
+    until its last step, so one that does not answer has stopped already (it saw every
+    group's summary) or is restarting (the summaries stop it): this only warns."""
     body = json.dumps({"group": group, "steps": steps}).encode()
     url = finished_url(lighthouse)
     deadline = time.monotonic() + seconds

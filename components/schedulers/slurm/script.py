@@ -140,6 +140,8 @@ def job_request(request: SlurmBatchRequest, cfg: Mapping[str, Any], added_opts: 
                      signal_grace=cfg.get("signal_grace"), colocated=colocated)
     for replica in job.replicas.values():
         replica.srun_opts["open-mode"] = "append"
+        if colocated:  # tasks beside a service end on their own time (replica groups: a
+            replica.srun_opts["wait"] = "0"  # restarted one finishes later), not 60 s apart
         _env_with_commas_on_command_line(replica)
         for key in added_opts:
             if cfg.get(key):
