@@ -206,6 +206,13 @@ def watched(cmd: list[str], tag: str, scratch: Path, plan: Plan, files: dict[str
             "events": watcher.events, "summaries": summaries, "records": records}
 
 
+def kept(run: dict[str, Any]) -> dict[str, Any]:
+    """What the results keep of a run: its command, wall time, kill and summaries (the
+    per-step records and arrival times the figures come from stay in the run directories of
+    ``--keep-runs``)."""
+    return {k: v for k, v in run.items() if k not in ("events", "records")}
+
+
 def iterations(events: list[tuple[float, int]], warmup: int) -> list[float]:
     """Seconds between the appearances of consecutive steps' records after the warm-up."""
     return [b[0] - a[0] for a, b in zip(events, events[1:], strict=False)
@@ -237,7 +244,7 @@ def overhead(plan: Plan, scratch: Path) -> dict[str, Any]:
         for name in files:
             pooled[kind][0].extend(step_times(result["records"][name], plan.warmup))
             pooled[kind][1].extend(iterations(result["events"][name], plan.warmup))
-    out: dict[str, Any] = {"runs": runs}
+    out: dict[str, Any] = {"runs": [kept(run) for run in runs]}
     for kind, (steps, iters) in pooled.items():
         out[f"{kind}_step_time_s"], out[f"{kind}_iteration_s"] = median(steps), median(iters)
         out[f"{kind}_measured_steps"] = len(steps)
@@ -272,7 +279,7 @@ def kill_torchft(plan: Plan, scratch: Path, args: list[str]) -> dict[str, Any]:
     gaps = [b[0] - a[0] for a, b in zip(healthy, healthy[1:], strict=False)
             if a[0] >= t_kill - 1 and b[0] <= back[0]]
     summaries = run["summaries"]
-    return {"runs": list(out.values()), "killed_after_step": after,
+    return {"runs": [kept(run) for run in out.values()], "killed_after_step": after,
             # the job's step counter is group 0's: a step it took twice would be redone
             "job_steps_redone": (len(healthy_steps) - len(set(healthy_steps))
                                  + summaries["group0"]["steps_lost"]),
@@ -308,7 +315,7 @@ def kill_restart(plan: Plan, scratch: Path, args: list[str]) -> dict[str, Any]:
         raise BenchError("ddp4-ckpt-kill: no step after the kill")
     caught_up = next((t for t, s in events if t > t_kill and s > after), None)
     summary = run["summaries"]["ddp"]
-    return {"runs": list(out.values()), "killed_after_step": after,
+    return {"runs": [kept(run) for run in out.values()], "killed_after_step": after,
             "job_steps_redone": summary["steps_lost"], "restarts": summary["restarts"],
             "resumed_from_step": summary["resumed_from_step"],
             "back_at_step": back[1], "away_s": back[0] - t_kill,
