@@ -56,6 +56,18 @@ def ddp_two_ranks(tmp_path_factory) -> dict[int, float]:
     return losses(run_dir)
 
 
+@pytest.fixture(scope="session")
+def gpipe_timeline_run(tmp_path_factory) -> Path:
+    """The ``single_process`` run as a 2-stage GPipe pipeline of 4 micro-batches on 2 ranks,
+    recording its timeline: tests/integration/test_pipeline.py checks its losses and timeline,
+    tests/integration/test_plot.py draws it (one launch for both)."""
+    run_dir = tmp_path_factory.mktemp("gpipe-timeline")
+    run_trainer([*TINY, "--batch-size", "16", "--pp", "2", "--schedule", "gpipe",
+                 "--microbatches", "4", "--record-timeline", "--output-dir", str(run_dir)],
+                nproc=2, module="trainers.pipeline")
+    return run_dir
+
+
 @pytest.fixture
 def world_of_one():
     """A process group of one in this process (what a trainer run without torchrun forms)."""

@@ -18,15 +18,12 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two 4-step ddp runs (--lr 0.003 and 0.001) evaluating every 2 steps, and a 2-stage
-    GPipe run recording its timeline."""
+    """Two 4-step ddp runs (--lr 0.003 and 0.001) evaluating every 2 steps. The pipeline run
+    is tests/conftest.py's ``gpipe_timeline_run`` (2 stages, 4 micro-batches)."""
     root = tmp_path_factory.mktemp("runs")
     args = [*TINY, "--steps", "4", "--eval-every", "2"]
     for name, lr in (("a", "0.003"), ("b", "0.001")):
         run_trainer([*args, "--lr", lr, "--output-dir", str(root / name)])
-    run_trainer([*TINY, "--steps", "2", "--pp", "2", "--schedule", "gpipe", "--microbatches",
-                 "2", "--record-timeline", "--output-dir", str(root / "pipe")], nproc=2,
-                module="trainers.pipeline")
     return root
 
 
@@ -62,16 +59,16 @@ def test_runs_are_drawn_against_the_step_with_a_legend_of_their_differences(runs
 
 
 @pytest.mark.slow
-def test_a_pipeline_runs_timeline_is_drawn(runs, tmp_path):
-    run = run_plot.load_run(runs / "pipe")
+def test_a_pipeline_runs_timeline_is_drawn(gpipe_timeline_run, tmp_path):
+    run = run_plot.load_run(gpipe_timeline_run)
     assert {i["stage"] for i in run.timeline} == {0, 1}
     assert sorted((i["kind"], i["microbatch"], i["stage"]) for i in run.timeline) == sorted(
-        (kind, m, s) for kind in "FB" for m in range(2) for s in range(2))
+        (kind, m, s) for kind in "FB" for m in range(4) for s in range(2))
     fig = run_plot.draw([run])
     timeline = fig.get_axes()[-1]
-    assert len(timeline.patches) == len(run.timeline) == 8
+    assert len(timeline.patches) == len(run.timeline) == 16
     assert [t.get_text() for t in timeline.get_yticklabels()] == ["stage 0", "stage 1"]
-    out = plot.main([str(runs / "pipe"), "-o", str(tmp_path / "pipe.png")])
+    out = plot.main([str(gpipe_timeline_run), "-o", str(tmp_path / "pipe.png")])
     assert out.read_bytes()[:8] == PNG_SIGNATURE
 
 
