@@ -102,19 +102,28 @@ LORA_CASES = ["ddp:fp32:0:4", "ddp:bf16:0:4", "zero3:fp32:0:4", "zero3:bf16:0:4"
               "zero2:bf16:0:4", "ddp:fp32:1:4"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("cases", [TWO_RANK_CASES, LORA_CASES], ids=["full", "lora"])
-def test_two_rank_steps_match_the_formulas(cases, name="llama-tiny"):
-    """The sharding formulas on 2 ranks, on llama-tiny (the layout's division of the states
-    does not depend on the family; every family's one-process formulas are checked above),
-    training every parameter or LoRA's adapters."""
+@pytest.fixture(scope="module")
+def two_rank_records() -> list[dict]:
+    """The records of every TWO_RANK_CASES and LORA_CASES case, measured in one torchrun of
+    2 ranks (a launch, not a case, is what costs: one for both tests)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-           "-m", "tests.support.workers.memory_anatomy", name, *cases]
+           "-m", "tests.support.workers.memory_anatomy", "llama-tiny", *TWO_RANK_CASES,
+           *LORA_CASES]
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cases", [TWO_RANK_CASES, LORA_CASES], ids=["full", "lora"])
+def test_two_rank_steps_match_the_formulas(two_rank_records, cases):
+    """The sharding formulas on 2 ranks, on llama-tiny (the layout's division of the states
+    does not depend on the family; every family's one-process formulas are checked above),
+    training every parameter or LoRA's adapters."""
+    lora = cases == LORA_CASES
+    records = [r for r in two_rank_records if r["case"].endswith(" lora=0") != lora]
     assert len(records) == 2 * len(cases)  # a record per case and rank
     for record in records:
         try:
