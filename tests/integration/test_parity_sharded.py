@@ -12,7 +12,15 @@ import sys
 
 import pytest
 
-from tests.support.runs import REPO, TINY, assert_close, child_env, losses, run_trainer
+from tests.support.runs import (
+    REPO,
+    TINY,
+    assert_close,
+    child_env,
+    losses,
+    run_trainer,
+    without,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -57,17 +65,22 @@ def test_two_dimensional_fsdp_by_tp_matches_one_process(tmp_path, single_process
     assert_close(losses(tmp_path), single_process)
 
 
-@pytest.mark.parametrize("saved_on, resumed_on", [(2, 1), (1, 2)])
-def test_fsdp_checkpoint_resumes_at_another_world_size(tmp_path, saved_on, resumed_on):
-    # 48 sequences, global batch 16: 3 steps an epoch, so step 4 resumes mid-epoch.
-    common = [*BATCH, "--checkpoint-every", "4", "--train-samples", "48"]
-    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    run_trainer([*common, "--output-dir", str(whole)], nproc=saved_on, module="trainers.fsdp")
-    proc = run_trainer([*common, "--output-dir", str(resumed), "--resume",
-                        str(whole / "checkpoints" / "step_00000004")], nproc=resumed_on,
-                       module="trainers.fsdp")
-    assert "at step 4" in proc.stdout
-    assert_close(losses(resumed), {s: v for s, v in losses(whole).items() if s > 4})
+def test_fsdp_checkpoint_resumes_at_another_world_size(tmp_path):
+    """One process saves step 4, two ranks resume from it and save step 8, one process resumes
+    from that: each resumed run's losses are the uninterrupted one-process run's (a chain of
+    three runs proves both directions, 1 -> 2 and 2 -> 1)."""
+    # 48 sequences, global batch 16: 3 steps an epoch, so steps 4 and 8 resume mid-epoch.
+    common = [*without(BATCH, "--steps"), "--steps", "10", "--checkpoint-every", "4",
+              "--train-samples", "48"]
+    whole, on_two, on_one = tmp_path / "whole", tmp_path / "on-two", tmp_path / "on-one"
+    run_trainer([*common, "--output-dir", str(whole)], module="trainers.fsdp")
+    expected = losses(whole)
+    for saved, resumed, step, nproc in ((whole, on_two, 4, 2), (on_two, on_one, 8, 1)):
+        proc = run_trainer([*common, "--output-dir", str(resumed), "--resume",
+                            str(saved / "checkpoints" / f"step_{step:08d}")], nproc=nproc,
+                           module="trainers.fsdp")
+        assert f"at step {step}" in proc.stdout
+        assert_close(losses(resumed), {s: v for s, v in expected.items() if s > step})
 
 
 def test_fsdp_cpu_offload_computes_the_same_losses(tmp_path, single_process):
