@@ -18,6 +18,7 @@ from pathlib import Path
 from torchx.specs import AppState
 
 from tests.support.slurm import job_dir, run_dir, submit, trainer_args, wait
+from tests.system.test_slurm import _trainer_pids
 
 STEPS = 40
 KILL_AT = 8  # the step group 1 has logged when its trainer is killed
@@ -49,20 +50,16 @@ def _steps(metrics: Path) -> list[int]:
 
 
 def _group_worker(app_id: str, group: int) -> list[int]:
-    """The trainer process of replica group ``group`` of Slurm job ``app_id`` (both nodes run
-    on this machine): torchrun's worker, not torchrun itself."""
+    """The trainer process of replica group ``group`` of Slurm job ``app_id``
+    (:func:`tests.system.test_slurm._trainer_pids`, those given ``--replica-group group``)."""
     pids = []
-    for proc in Path("/proc").iterdir():
+    for pid in _trainer_pids(app_id):
         try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError):
-            continue
-        if b"trainers.ddp" in cmdline and b"--replica-group" in cmdline \
-                and cmdline[cmdline.index(b"--replica-group") + 1] == str(group).encode() \
-                and b"SLURM_JOB_ID=" + app_id.encode() in environ \
-                and any(var.startswith(b"LOCAL_RANK=") for var in environ):
-            pids.append(int(proc.name))
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # ended since
+        if cmdline[cmdline.index(b"--replica-group") + 1] == str(group).encode():
+            pids.append(pid)
     return pids
 
 
