@@ -34,7 +34,7 @@ from tests.support.runs import (
     torchx_cli,
     without,
 )
-from trainers.runs.replica_groups import report_finished
+from trainers.runs.replica_groups import finished_groups, report_finished
 
 COMPONENT = "components/fault_tolerant.py:fault_tolerant"
 
@@ -219,7 +219,9 @@ def test_the_planner_plans_replica_groups_one_a_node_and_its_command_dry_runs(ca
 
 def test_the_lighthouse_stops_when_every_group_reports_having_finished(tmp_path):
     """Pods share no disk: the groups' reports alone stop the lighthouse (a report of another
-    --steps does not count), and it exits 0 for the job to succeed."""
+    --steps does not count), and it exits 0 for the job to succeed. A group that starts after
+    another finished (a restart that came too late to heal) trains nothing: it stops, exit 0,
+    saying where the job's model is, and its report is the last one the lighthouse needs."""
     port = free_port()
     while True:  # the reports' port is the next one
         with socket.socket() as probe:
@@ -237,9 +239,14 @@ def test_the_lighthouse_stops_when_every_group_reports_having_finished(tmp_path)
         assert "serving 2 replica groups" in started, lighthouse.communicate()[0]
         url = f"http://localhost:{port}"
         assert report_finished(url, 0, 5) and report_finished(url, 1, 4)
-        time.sleep(3)
-        assert lighthouse.poll() is None, lighthouse.communicate()[0]
-        assert report_finished(url, 1, 5)
+        assert finished_groups(url) == [0] and lighthouse.poll() is None
+        late = run_trainer([*without(TINY, "--steps"), "--steps", "5", "--fault-tolerant",
+                            "--replica-group", "1", "--lighthouse", url,
+                            "--output-dir", str(tmp_path / "late")], check=False)
+        assert late.returncode == 0, late.stderr[-3000:]
+        assert ("replica group 1 stops: replica group 0 already trained the job's 5 steps"
+                in late.stdout), late.stdout
+        assert not (tmp_path / "late" / "replica_group_1" / "metrics.jsonl").exists()
         output, _ = lighthouse.communicate(timeout=30)
     finally:
         if lighthouse.poll() is None:

@@ -24,10 +24,12 @@ from tests.support.runs import REPO, torchx_cli
 TERMINAL = {AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED}
 
 
-def trainer_args(*extra: str, steps: int = 30, batch_size: int = 16) -> list[str]:
+def trainer_args(*extra: str, steps: int = 30, batch_size: int = 16,
+                 log_every: int = 10) -> list[str]:
     """Short tiny-model runs (torchx refuses a repeated option, so they are built here)."""
     return ["--model", "tiny", "--steps", str(steps), "--batch-size", str(batch_size),
-            "--eval-every", "0", "--tensorboard", "false", "--log-every", "10", *extra]
+            "--eval-every", "0", "--tensorboard", "false", "--log-every", str(log_every),
+            *extra]
 
 
 def torchx(*args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True,

@@ -26,7 +26,7 @@ from trainers.options.train_config import TrainConfig
 from trainers.options.trainer_table import trainer
 from trainers.runs.log_setup import configure_logging
 from trainers.runs.preemption_signals import exit_status
-from trainers.runs.replica_groups import group_run_dir, report_finished
+from trainers.runs.replica_groups import RunFinishedElsewhere, group_run_dir, report_finished
 from trainers.runs.run_record import run_record, write_config
 from trainers.runs.storage import location
 
@@ -54,7 +54,8 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
     A run stopped by a preemption signal (its checkpoint saved) leaves the process group and
     exits ``128 + signal`` (:func:`trainers.runs.preemption_signals.exit_status`). A replica
     group's rank 0 that trained to the end tells the lighthouse
-    (:func:`trainers.runs.replica_groups.report_finished`).
+    (:func:`trainers.runs.replica_groups.report_finished`); so does one that starts after
+    another group trained to the end, and it stops there (exit 0, nothing trained).
     The chosen trackers' packages are checked first: where the trainer runs, not where a
     component submits it."""
     check_trackers(cfg.tracker, cfg.tensorboard, packages=True)
@@ -65,7 +66,14 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
             run_dir = group_run_dir(run_dir, cfg.replica_group)
         if env.is_main:
             write_config(run_dir, run_record(cfg.to_dict(), name, argv, env.world_size))
-        summary = train(cfg, env, build(cfg, env, spec), spec, run_dir, on_step, notice)
+        try:
+            strategy = build(cfg, env, spec)
+        except RunFinishedElsewhere as finished:  # no live group to heal from, no step left
+            if env.is_main:
+                print(finished, flush=True)
+            summary = {}
+        else:
+            summary = train(cfg, env, strategy, spec, run_dir, on_step, notice)
         reports = cfg.fault_tolerant and env.is_main
     if summary.get("preempted"):
         raise SystemExit(exit_status(signal.Signals[summary["preempted"]]))

@@ -32,7 +32,12 @@ from trainers.core.loss import counted_tokens
 from trainers.core.strategy import Strategy
 from trainers.errors import ConfigError
 from trainers.options.train_config import TrainConfig
-from trainers.runs.replica_groups import LIGHTHOUSE_PORT, lighthouse_address
+from trainers.runs.replica_groups import (
+    LIGHTHOUSE_PORT,
+    RunFinishedElsewhere,
+    finished_groups,
+    lighthouse_address,
+)
 from trainers.runs.storage import RunPath
 
 log = logging.getLogger(__name__)
@@ -215,12 +220,18 @@ def group_store(env: DistEnv) -> tuple[dist.Store, str, int]:
 
 def join_replica_groups(cfg: TrainConfig, env: DistEnv, inner: Strategy) -> ReplicaGroupStrategy:
     """``inner`` as replica group ``--replica-group`` of ``--replica-groups``, its quorum held
-    by the lighthouse of ``--lighthouse`` (waited for up to ``--quorum-timeout`` seconds)."""
+    by the lighthouse of ``--lighthouse`` (waited for up to ``--quorum-timeout`` seconds).
+    RunFinishedElsewhere (on every rank of the group) where another group already told the
+    lighthouse it trained the last step."""
     from torchft import Manager
     from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
     url, host, port = lighthouse_address(cfg.lighthouse)
     wait_for_lighthouse(url, host, port, cfg.quorum_timeout)
+    finished = [finished_groups(url) if env.rank == 0 else None]
+    dist.broadcast_object_list(finished, src=0)  # the group's ranks decide as one
+    if finished[0]:
+        raise RunFinishedElsewhere(cfg.replica_group, finished[0], cfg.steps)
     timeout = timedelta(seconds=cfg.quorum_timeout)
     store, store_host, store_port = group_store(env)
     pg = (ProcessGroupNCCL(timeout=timeout) if env.backend == "nccl"

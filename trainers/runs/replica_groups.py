@@ -7,8 +7,10 @@ every group trained to the last step, which is when the lighthouse may stop: eac
 rank 0 tells it so on the port beside the lighthouse's (:func:`report_finished`; pods share
 no disk), and where the groups' runs are visible to it (one file system, a bucket) their
 summaries say so too (:func:`groups_finished`: a lighthouse restarted after a group
-reported). Plain Python without torch: components check the address before anything is
-scheduled.
+reported). A group that starts after another reported having finished has no live group to
+heal from and nothing left to train: it stops (:func:`finished_groups`,
+:class:`RunFinishedElsewhere`) rather than train the whole run again alone. Plain Python
+without torch: components check the address before anything is scheduled.
 """
 
 from __future__ import annotations
@@ -76,11 +78,34 @@ def finished_url(lighthouse: str) -> str:
     return f"http://{host}:{port + FINISHED_PORT_OFFSET}/finished"
 
 
+def finished_groups(lighthouse: str) -> list[int]:
+    """The replica groups that told the lighthouse of ``lighthouse`` (its URL) they trained to
+    the job's last step (``GET /finished`` beside it); none where it does not answer."""
+    try:
+        with urllib.request.urlopen(finished_url(lighthouse), timeout=5) as answer:
+            return sorted(int(group) for group in json.load(answer)["finished"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+class RunFinishedElsewhere(Exception):
+    """This replica group started after ``finished`` (other groups) trained the job's last
+    step: there is no live group to heal from and nothing left to train."""
+
+    def __init__(self, group: int, finished: list[int], steps: int) -> None:
+        names = ", ".join(str(g) for g in finished)
+        super().__init__(
+            f"replica group {group} stops: replica group {names} already trained the job's "
+            f"{steps} steps (the job's model is in its run directory, replica_group_{finished[0]}"
+            f"); nothing is left to train or to heal from")
+
+
 def report_finished(lighthouse: str, group: int, steps: int, seconds: float = 3.0) -> bool:
-    """Tell the lighthouse of ``lighthouse`` (its URL) that replica group ``group`` trained to
-    ``steps``, retrying for ``seconds``; whether it answered. The lighthouse served this group
-    until its last step, so one that does not answer has stopped already (it saw every
-    group's summary) or is restarting (the summaries stop it): this only warns."""
+    """Tell the lighthouse of ``lighthouse`` (its URL) that replica group ``group`` is done with
+    the job of ``steps`` steps (it trained them, or found another group had), retrying for
+    ``seconds``; whether it answered. The lighthouse served this group until its last step, so
+    one that does not answer has stopped already (it saw every group's summary) or is
+    restarting (the summaries stop it): this only warns."""
     body = json.dumps({"group": group, "steps": steps}).encode()
     url = finished_url(lighthouse)
     deadline = time.monotonic() + seconds

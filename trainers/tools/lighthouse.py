@@ -4,7 +4,8 @@ It holds the per-step quorum of the job's replica groups (``--fault-tolerant``) 
 until every group has trained to ``--steps``, then exits 0: the lighthouse role of
 ``components/fault_tolerant.py`` ends when its groups do, so the job succeeds with them. A
 group's rank 0 reports so on ``--port`` + 1 (``POST /finished``,
-:func:`trainers.runs.replica_groups.report_finished`); where the groups' runs are visible
+:func:`trainers.runs.replica_groups.report_finished`; ``GET /finished`` lists the groups that
+did, for a group that restarts after them); where the groups' runs are visible
 here, their summaries in ``--output-dir`` count too (a lighthouse restarted after a group
 reported; :func:`trainers.runs.replica_groups.groups_finished`, looked at every 2 s).
 """
@@ -36,9 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, required=True, help="the trainers' --steps")
     parser.add_argument("--output-dir", required=True, help="the trainers' --output-dir")
     parser.add_argument("--port", type=int, default=LIGHTHOUSE_PORT, help="port to serve on")
-    parser.add_argument("--join-timeout-ms", type=int, default=1000,
-                        help="how long a quorum waits for groups that heartbeat but have not "
-                             "asked to join (a restarting group) before it goes on without them")
+    parser.add_argument("--join-timeout-ms", type=int, default=60000,
+                        help="how long a quorum that lacks groups which heartbeat (alive, e.g. "
+                             "a group still timing out a collective with a dead one) waits for "
+                             "them to ask before it goes on without them: a restarted group "
+                             "joins the live ones and heals instead of training alone")
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=5000,
                         help="silence after which a group is dead and leaves the quorum")
     return parser
@@ -46,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def finished_server(port: int, steps: int) -> tuple[ThreadingHTTPServer, set[int]]:
     """An HTTP server on ``port`` (started in a thread) that records the groups that report
-    having trained to ``steps`` (``POST /finished`` of ``{"group": I, "steps": N}``)."""
+    having trained to ``steps`` (``POST /finished`` of ``{"group": I, "steps": N}``) and
+    answers which did (``GET /finished``: ``{"steps": N, "finished": [I, ...]}``)."""
     finished: set[int] = set()
 
     class Handler(BaseHTTPRequestHandler):
@@ -61,6 +65,17 @@ def finished_server(port: int, steps: int) -> tuple[ThreadingHTTPServer, set[int
                 finished.add(group)
             self.send_response(204)
             self.end_headers()
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path != "/finished":
+                self.send_error(404, "GET /finished only")
+                return
+            body = json.dumps({"steps": steps, "finished": sorted(finished)}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, *args: object) -> None:  # the groups' reports print below
             pass
