@@ -4,10 +4,13 @@ checkov cannot share the project's environment: installing it there downgrades `
 (torch's dependency) to 2.6 and ``packaging`` to 23.2. So :func:`checkov_executable` uses
 ``$CHECKOV`` when set, else ``.venv-checkov/bin/checkov`` in the repository, creating that
 environment with :data:`CHECKOV_REQUIREMENT` on first use (about 40 s; reused afterwards).
+Creating it holds a lock (``.venv-checkov.lock``), so a test that needs checkov while
+``.ci/run`` installs it in the background waits for that install instead of starting another.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -24,10 +27,12 @@ def checkov_executable(repo: Path) -> Path:
         return Path(os.environ["CHECKOV"])
     venv = repo / ".venv-checkov"
     exe = venv / "bin" / "checkov"
-    if not exe.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", CHECKOV_REQUIREMENT],
-                       check=True, timeout=900)
+    with open(repo / ".venv-checkov.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released on close: one install at a time
+        if not exe.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet",
+                            CHECKOV_REQUIREMENT], check=True, timeout=900)
     return exe
 
 
