@@ -12,7 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -221,7 +223,10 @@ def test_the_lighthouse_stops_when_every_group_reports_having_finished(tmp_path)
     """Pods share no disk: the groups' reports alone stop the lighthouse (a report of another
     --steps does not count), and it exits 0 for the job to succeed. A group that starts after
     another finished (a restart that came too late to heal) trains nothing: it stops, exit 0,
-    saying where the job's model is, and its report is the last one the lighthouse needs."""
+    saying where the job's model is. So does one that started before the report and finds
+    itself alone at its first quorum (the finished group's heartbeats stopped after its report:
+    a torchft client heartbeats as group 0 until then, which keeps group 2 out of a quorum of
+    its own); its metrics from before (a killed attempt's) stay as they were."""
     port = free_port()
     while True:  # the reports' port is the next one
         with socket.socket() as probe:
@@ -231,24 +236,58 @@ def test_the_lighthouse_stops_when_every_group_reports_having_finished(tmp_path)
             except OSError:
                 port = free_port()
     lighthouse = subprocess.Popen(
-        [sys.executable, "-m", "trainers.tools.lighthouse", "--groups", "2", "--steps", "5",
-         "--output-dir", str(tmp_path / "elsewhere"), "--port", str(port)],
+        [sys.executable, "-m", "trainers.tools.lighthouse", "--groups", "3", "--steps", "5",
+         "--output-dir", str(tmp_path / "elsewhere"), "--port", str(port),
+         "--heartbeat-timeout-ms", "2000"],
         cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://localhost:{port}"
+    beating = threading.Event()
+    beating.set()
+
+    def heartbeat_as_group_0() -> None:
+        from torchft._torchft import LighthouseClient
+
+        client = LighthouseClient(url, timedelta(seconds=5))
+        while beating.is_set():
+            client.heartbeat("replica_group_0:finished")
+            time.sleep(0.2)
+
+    def group(index: int, run: str) -> list[str]:
+        return [*without(TINY, "--steps", "--batch-size"), "--steps", "5", "--batch-size", "6",
+                "--fault-tolerant", "--replica-groups", "3", "--replica-group", str(index),
+                "--lighthouse", url,
+                "--output-dir", str(tmp_path / run)]
+
+    earlier = tmp_path / "waiting" / "replica_group_2" / "metrics.jsonl"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("".join(json.dumps({"step": s, "loss": 5.0}) + "\n" for s in (1, 2, 3)))
+    heart = threading.Thread(target=heartbeat_as_group_0, daemon=True)
+    waiting = None
     try:
         started = next((line for line in lighthouse.stdout if "lighthouse serving" in line), "")
-        assert "serving 2 replica groups" in started, lighthouse.communicate()[0]
-        url = f"http://localhost:{port}"
+        assert "serving 3 replica groups" in started, lighthouse.communicate()[0]
+        heart.start()
+        waiting = subprocess.Popen([sys.executable, "-m", "trainers.ddp", *group(2, "waiting")],
+                                   cwd=REPO, env=child_env(),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # past its start's check (nothing finished yet): its first quorum waits for group 0
+        line = next((line for line in waiting.stdout if "run directory:" in line), "")
+        assert line, waiting.communicate()[0][-3000:]
         assert report_finished(url, 0, 5) and report_finished(url, 1, 4)
         assert finished_groups(url) == [0] and lighthouse.poll() is None
-        late = run_trainer([*without(TINY, "--steps"), "--steps", "5", "--fault-tolerant",
-                            "--replica-group", "1", "--lighthouse", url,
-                            "--output-dir", str(tmp_path / "late")], check=False)
+        beating.clear()
+        late = run_trainer(group(1, "late"), check=False)
         assert late.returncode == 0, late.stderr[-3000:]
-        assert ("replica group 1 stops: replica group 0 already trained the job's 5 steps"
-                in late.stdout), late.stdout
+        assert "replica group 1 stops: replica group 0" in late.stdout, late.stdout
+        assert "already trained the job's 5 steps" in late.stdout, late.stdout
         assert not (tmp_path / "late" / "replica_group_1" / "metrics.jsonl").exists()
+        rest, _ = waiting.communicate(timeout=120)
+        assert waiting.returncode == 0 and "replica group 2 stops: replica group 0" in rest, rest
+        assert [json.loads(r)["step"] for r in earlier.read_text().splitlines()] == [1, 2, 3]
         output, _ = lighthouse.communicate(timeout=30)
     finally:
-        if lighthouse.poll() is None:
-            lighthouse.kill()
+        beating.clear()
+        for proc in (lighthouse, waiting):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
     assert lighthouse.returncode == 0 and "every replica group trained 5 steps" in output, output

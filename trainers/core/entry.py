@@ -54,8 +54,9 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
     A run stopped by a preemption signal (its checkpoint saved) leaves the process group and
     exits ``128 + signal`` (:func:`trainers.runs.preemption_signals.exit_status`). A replica
     group's rank 0 that trained to the end tells the lighthouse
-    (:func:`trainers.runs.replica_groups.report_finished`); so does one that starts after
-    another group trained to the end, and it stops there (exit 0, nothing trained).
+    (:meth:`trainers.parallel.fault_tolerant.ReplicaGroupStrategy.close`); so does one that
+    finds, starting or later alone in its quorum, that another group trained to the end: it
+    stops there (exit 0, nothing more trained; its metrics as it found them).
     The chosen trackers' packages are checked first: where the trainer runs, not where a
     component submits it."""
     check_trackers(cfg.tracker, cfg.tensorboard, packages=True)
@@ -67,15 +68,13 @@ def train_in_group(cfg: TrainConfig, name: str, build: StrategyBuilder,
         if env.is_main:
             write_config(run_dir, run_record(cfg.to_dict(), name, argv, env.world_size))
         try:
-            strategy = build(cfg, env, spec)
+            summary = train(cfg, env, build(cfg, env, spec), spec, run_dir, on_step, notice)
+            stopped = False
         except RunFinishedElsewhere as finished:  # no live group to heal from, no step left
             if env.is_main:
                 print(finished, flush=True)
-            summary = {}
-        else:
-            summary = train(cfg, env, strategy, spec, run_dir, on_step, notice)
-        reports = cfg.fault_tolerant and env.is_main
+            summary, stopped = {}, env.is_main
     if summary.get("preempted"):
         raise SystemExit(exit_status(signal.Signals[summary["preempted"]]))
-    if reports:  # the lighthouse stops once every replica group has trained to the end
+    if stopped:  # the lighthouse stops once every replica group is done
         report_finished(cfg.lighthouse, cfg.replica_group, cfg.steps)

@@ -109,7 +109,8 @@ class MetricsWriter:
     """Rank 0's sink for per-step metrics; a no-op on other ranks.
 
     A run resumed at ``start_step`` keeps the metrics.jsonl records up to that step and drops
-    those of steps it will train again, so the file holds each step once; ``steps_redone``
+    those of steps it will train again, so the file holds each step once (rewritten at the
+    first step written: a run that stops before a step leaves it as it was); ``steps_redone``
     counts the dropped steps (the work a restart lost, as far as it was recorded: the loop
     writes steps at its flush points, :mod:`trainers.core.loop`, always before a checkpoint or
     an injected fault, so a crash elsewhere leaves the steps since the last flush uncounted).
@@ -129,6 +130,8 @@ class MetricsWriter:
         self.enabled = enabled
         self.steps_redone = 0
         self._jsonl = None
+        self._kept: list[str] = []
+        self._jsonl_path: Path | None = None
         self._console = None
         self._trackers: list[Guarded] = []
         self._bar = None
@@ -146,11 +149,10 @@ class MetricsWriter:
                              dynamic_ncols=True, file=sys.stdout)
         path = local / "metrics.jsonl"
         records = path.read_text().splitlines() if path.exists() else []
-        kept = [line for line in records if _step_of_record(line) <= start_step]
+        self._kept = [line for line in records if _step_of_record(line) <= start_step]
+        self._jsonl_path = path
         self.steps_redone = max([_step_of_record(line) for line in records] + [start_step]) \
             - start_step
-        path.write_text("".join(line + "\n" for line in kept))
-        self._jsonl = open(path, "a", buffering=1)  # noqa: SIM115 (closed by close())
         record = read_config(run_dir)
         tags = {"run_dir": str(run_dir),
                 "git_commit": str(((record or {}).get("git") or {}).get("commit"))}
@@ -160,6 +162,9 @@ class MetricsWriter:
     def write(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
+        if self._jsonl is None:  # the records of the steps trained again go now
+            self._jsonl_path.write_text("".join(line + "\n" for line in self._kept))
+            self._jsonl = open(self._jsonl_path, "a", buffering=1)  # noqa: SIM115 (close())
         self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
         if self._bar is not None:
             self._bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)

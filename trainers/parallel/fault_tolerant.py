@@ -37,6 +37,7 @@ from trainers.runs.replica_groups import (
     RunFinishedElsewhere,
     finished_groups,
     lighthouse_address,
+    report_finished,
 )
 from trainers.runs.storage import RunPath
 
@@ -99,12 +100,16 @@ class ReplicaGroupStrategy(Strategy):
     """
 
     def __init__(self, inner: Strategy, manager: Any, group: int, groups: int,
-                 store: dist.Store) -> None:
+                 store: dist.Store, lighthouse: str, steps: int, reports: bool) -> None:
         super().__init__(inner.model, dp_rank=group * inner.dp_size + inner.dp_rank,
                          dp_size=groups * inner.dp_size)
         self.inner, self.manager = inner, manager
         self._store = store  # the group's store the manager and its peers use
+        self._group, self._groups = group, groups
+        self._lighthouse, self._steps, self._reports = lighthouse, steps, reports
         self._step_set = False
+        self._participants = 0  # in the last quorum
+        self._step = self._reached = 0  # the step taken now; the last one this group holds
 
     def attach_run(self, run_dir: RunPath) -> None:
         self.inner.attach_run(run_dir)
@@ -174,16 +179,33 @@ class ReplicaGroupStrategy(Strategy):
             self.manager.load_state_dict({"step": step - 1, "batches_committed": 0})
             self._step_set = True
         self.manager.start_quorum()
+        participants = self.manager.num_participants()
+        if participants != self._participants and participants < self._groups:
+            self._stop_if_finished_elsewhere()
+        self._participants = participants
         taken = self.manager.current_step() + 1
         if taken != step:
             log.info("replica group %d healed from a live group: at step %d, not %d",
-                     self.dp_rank // self.inner.dp_size, taken, step)
+                     self._group, taken, step)
+        self._step, self._reached = taken, taken - 1
         return taken
+
+    def _stop_if_finished_elsewhere(self) -> None:
+        """RunFinishedElsewhere (every rank of the group) where another group reported having
+        trained the last step: a quorum without it is this group training the run again alone
+        (the lighthouse leaves a group out once it stopped heartbeating, after its report)."""
+        finished = [finished_groups(self._lighthouse) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(finished, src=0)
+        if finished[0]:
+            raise RunFinishedElsewhere(self._group, finished[0], self._steps)
 
     def commit(self) -> bool:
         """Whether every rank of the group finished the step with enough groups alive: the
         optimizer steps only then, else the step is taken again."""
-        return self.manager.should_commit()
+        committed = self.manager.should_commit()
+        if committed:
+            self._reached = self._step
+        return committed
 
     def share_state(self, state: dict[str, Stateful]) -> None:
         """``state`` (what a checkpoint holds) is what a recovering group fetches from a live
@@ -198,6 +220,11 @@ class ReplicaGroupStrategy(Strategy):
         self.manager.register_state_dict_fn("run", load, saved)
 
     def close(self) -> None:
+        """Leave the quorum; a group that holds the last step (its final checkpoint and summary
+        written: the loop closes the strategy last) first tells the lighthouse, while it still
+        heartbeats, so no group left alone after it trains the run again."""
+        if self._reports and self._reached >= self._steps:
+            report_finished(self._lighthouse, self._group, self._steps)
         self.manager.shutdown(wait=False)
 
 
@@ -242,4 +269,5 @@ def join_replica_groups(cfg: TrainConfig, env: DistEnv, inner: Strategy) -> Repl
                       rank=env.rank, world_size=env.world_size, store_addr=store_host,
                       store_port=store_port, lighthouse_addr=url,
                       replica_id=f"replica_group_{cfg.replica_group}", init_sync=False)
-    return ReplicaGroupStrategy(inner, manager, cfg.replica_group, cfg.replica_groups, store)
+    return ReplicaGroupStrategy(inner, manager, cfg.replica_group, cfg.replica_groups, store,
+                                url, cfg.steps, reports=env.rank == 0)

@@ -7,9 +7,11 @@ every group trained to the last step, which is when the lighthouse may stop: eac
 rank 0 tells it so on the port beside the lighthouse's (:func:`report_finished`; pods share
 no disk), and where the groups' runs are visible to it (one file system, a bucket) their
 summaries say so too (:func:`groups_finished`: a lighthouse restarted after a group
-reported). A group that starts after another reported having finished has no live group to
-heal from and nothing left to train: it stops (:func:`finished_groups`,
-:class:`RunFinishedElsewhere`) rather than train the whole run again alone. Plain Python
+reported). A group that starts after another reported having finished, or finds itself in a
+quorum without it later (the lighthouse drops a group some seconds after its last heartbeat,
+and a group reports before it stops heartbeating), has no live group to heal from and nothing
+left to train: it stops (:func:`finished_groups`, :class:`RunFinishedElsewhere`) rather than
+train the whole run again alone. Plain Python
 without torch: components check the address before anything is scheduled.
 """
 
