@@ -37,11 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, required=True, help="the trainers' --steps")
     parser.add_argument("--output-dir", required=True, help="the trainers' --output-dir")
     parser.add_argument("--port", type=int, default=LIGHTHOUSE_PORT, help="port to serve on")
-    parser.add_argument("--join-timeout-ms", type=int, default=60000,
-                        help="how long a quorum that lacks groups which heartbeat (alive, e.g. "
-                             "a group still timing out a collective with a dead one) waits for "
-                             "them to ask before it goes on without them: a restarted group "
-                             "joins the live ones and heals instead of training alone")
+    parser.add_argument("--join-timeout-ms", type=int, default=1000,
+                        help="how long a quorum that lacks groups which heartbeat but have not "
+                             "asked waits for them before it goes on without them (never alone: "
+                             "a quorum needs more than half the heartbeating groups); a killed "
+                             "group's surviving ranks heartbeat while torchrun stops them (up to "
+                             "30 s), so a long wait delays the restarted group's return")
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=5000,
                         help="silence after which a group is dead and leaves the quorum")
     return parser
