@@ -26,11 +26,14 @@ TINY = ["--model", "tiny", "--batch-size", "8", "--steps", "8", "--warmup-steps"
 def child_env() -> dict[str, str]:
     """The environment of a process the tests start: this checkout importable, this
     interpreter's environment first on PATH (torchx's local_cwd runs `torchrun` from PATH),
-    one OpenMP thread unless set."""
+    one OpenMP thread unless set, and Python's fault handler on: a process that crashes or is
+    aborted (SIGABRT, as :func:`tests.support.slurm.stuck_job_report` aborts a stuck job)
+    prints every thread's stack to its stderr."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONFAULTHANDLER", "1")
     return env
 
 

@@ -7,9 +7,12 @@ this module in ``pytest_plugins``); it skips a test when no cluster answers.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from datetime import datetime
@@ -57,7 +60,9 @@ def submit(cwd: Path, component: str, j: str, args: list[str], *options: str,
 
 
 def wait(handle: str, states: set[AppState] = TERMINAL, timeout: float = 600) -> AppState:
-    """Poll the job until it reaches one of ``states``; its state then."""
+    """Poll the job until it reaches one of ``states``; its state then. A job that does not
+    is cancelled (so the tests after it find the nodes free) and the error shows where it was
+    (:func:`stuck_job_report`)."""
     scheduler = create_scheduler("test")
     app_id = handle.rsplit("/", 1)[-1]
     deadline = time.monotonic() + timeout
@@ -66,7 +71,49 @@ def wait(handle: str, states: set[AppState] = TERMINAL, timeout: float = 600) ->
         if desc is not None and desc.state in states:
             return desc.state
         time.sleep(1)
-    raise AssertionError(f"{handle} did not reach {states} in {timeout:.0f}s")
+    raise AssertionError(f"{handle} did not reach {states} in {timeout:.0f}s; cancelled it\n"
+                         + stuck_job_report(app_id))
+
+
+def stuck_job_report(app_id: str, lines: int = 80) -> str:
+    """Where a job that should have ended is, then cancel it (so the tests after it find the
+    nodes free): ``squeue``'s line for each component; then its trainers, or the torchrun
+    agents where no trainer runs, are sent SIGABRT (the tests start jobs with Python's fault
+    handler on, :func:`tests.support.runs.child_env`, so each prints its threads' stacks to
+    its log) and the last ``lines`` of each log file in its working directory
+    (``slurm-<id>*``) follow."""
+    queue = subprocess.run(["squeue", "-h", "-j", app_id, "-o", "%i|%T|%M|%N|%Z"],
+                           capture_output=True, text=True).stdout
+    workdirs = {Path(line.split("|")[-1]) for line in queue.splitlines()
+                if line.count("|") == 4 and line.split("|")[-1]}
+    processes = [p for d in workdirs for p in processes_in(d)]
+    aborted = ([pid for pid, cmd in processes if "-m trainers." in cmd and "torchrun" not in cmd]
+               or [pid for pid, cmd in processes if "torchrun" in cmd])
+    for pid in aborted:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGABRT)
+    time.sleep(5 if aborted else 0)  # the stacks reach the logs
+    subprocess.run(["scancel", app_id], capture_output=True)
+    parts = [f"squeue: {queue.strip() or '(not queued)'}",
+             f"aborted (SIGABRT, for their stacks): {aborted or 'nothing'}"]
+    for log in sorted(p for d in workdirs for p in d.glob(f"slurm-{app_id}*")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+def processes_in(workdir: Path) -> list[tuple[int, str]]:
+    """(pid, command line) of this machine's processes whose working directory is
+    ``workdir``: a job's on the local cluster, whose nodes all run here."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if Path(os.readlink(proc / "cwd")) == workdir:
+                found.append((int(proc.name),
+                              (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+    return found
 
 
 def job_dir(cwd: Path, handle: str) -> Path:
