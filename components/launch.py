@@ -15,6 +15,7 @@ trainers' preemption signals; the same AppDef on both TorchX versions.
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import signal
 import socket
@@ -36,24 +37,40 @@ from trainers.sizing.resources import node_request
 DEFAULT_IMAGE = "torchx-templates:cpu"
 
 
+# Where a rendezvous port picked for a multi-node job comes from: below the ephemeral ranges
+# (Linux's default 32768-60999, the IANA 49152-65535) that a node's bind(0) and outgoing
+# connections draw from, as torchrun's default 29500 is: a port there that is free when the
+# job is submitted can be taken on its first node by any process before the job starts (a job
+# may wait in the queue), and the node's torchrun would then find it in use.
+RENDEZVOUS_PORTS = range(20000, 32768)
+
+
 def rendezvous_port(port: int, max_nodes: int) -> int:
     """The c10d rendezvous port of a job that may span ``max_nodes`` nodes.
 
-    ``port`` 0 on a multi-node job picks a port that is free on the submitting machine now, so
-    that concurrent multi-node jobs sharing a host (``local_cwd``, whose "nodes" are all this
-    machine, or Slurm nodes shared between jobs) each host their own store instead of joining
-    the first job's store on a fixed port and failing when it exits. A single-node job gets
-    ``port`` unchanged (:func:`torchrun_command` then rendezvouses on a free port of its own
-    host).
+    ``port`` 0 on a multi-node job picks a port of :data:`RENDEZVOUS_PORTS` at random that is
+    free on the submitting machine now, so that concurrent multi-node jobs sharing a host
+    (``local_cwd``, whose "nodes" are all this machine, or Slurm nodes shared between jobs)
+    each host their own store instead of joining the first job's store on a fixed port and
+    failing when it exits. A single-node job gets ``port`` unchanged (:func:`torchrun_command`
+    then rendezvouses on a free port of its own host).
     """
     if not 0 <= port <= 65535:
         raise ComponentArgumentError(
             f"--rdzv_port {port}: not a TCP port; pass 1-65535, or 0 for a free port")
     if port or max_nodes == 1:
         return port
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
+    for candidate in random.sample(RENDEZVOUS_PORTS, 64):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", candidate))
+            except OSError:
+                continue
+            return candidate
+    raise ComponentArgumentError(
+        f"--rdzv_port 0: no free port among 64 tried in {RENDEZVOUS_PORTS.start}-"
+        f"{RENDEZVOUS_PORTS.stop - 1} on this machine; pass --rdzv_port <a port free on the "
+        "job's first node>")
 
 
 # The Args lines of the options every component shares (TorchX reads a component's help from

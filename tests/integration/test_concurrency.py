@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from components.launch import RENDEZVOUS_PORTS
 from tests.support.runs import REPO
 from tests.support.slurm import torchx, trainer_args
 
@@ -104,6 +105,12 @@ def rendezvous_port(*options: str) -> int:
 
 
 def test_multi_node_jobs_get_distinct_rendezvous_ports_unless_one_is_given():
+    """Picked ports lie below the ephemeral range, where no process's bind(0) or outgoing
+    connection can take them before the job starts."""
     ports = {rendezvous_port() for _ in range(3)}
-    assert len(ports) == 3 and 0 not in ports, ports
+    assert len(ports) == 3 and ports <= set(RENDEZVOUS_PORTS), ports
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if ephemeral.exists():
+        low = int(ephemeral.read_text().split()[0])
+        assert max(ports) < low, (ports, low)
     assert rendezvous_port("--rdzv_port", "29600") == 29600
