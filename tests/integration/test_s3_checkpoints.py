@@ -98,12 +98,16 @@ def test_sigterm_saves_to_the_bucket_and_the_restart_loses_at_most_one_step(s3, 
     proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
+    before = []  # every line up to the kill: a first attempt that failed early shows its end
     for line in proc.stdout:  # rank 0's step lines: the run is well under way at step 10
+        before.append(line)
         if re.match(r"step +10/40 ", line):
             break
     subprocess.run(["pkill", "-TERM", "-f", "-P", str(proc.pid), "trainers.fsdp"], check=False)
     out = proc.communicate(timeout=300)[0]
-    assert proc.returncode == 0, out[-4000:]
+    story = "".join(line for line in [*before, *out.splitlines(keepends=True)]
+                    if not re.match(r"step +\d+/", line))
+    assert proc.returncode == 0, story[-12000:]
     assert "preempted by SIGTERM after step " in out, out[-4000:]
     saved = int(out.split("preempted by SIGTERM after step ")[1].split(":")[0])
     local = fetch(s3.url("preempted"), tmp_path / "preempted")
