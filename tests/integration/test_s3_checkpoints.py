@@ -48,6 +48,11 @@ def fetch(url: str, local: Path) -> Path:
     return local
 
 
+def attempts_ends(output: str) -> str:
+    """``output`` without its step lines, so a failing job's message shows every attempt's end."""
+    return "".join(line for line in output.splitlines(keepends=True) if " | loss " not in line)
+
+
 def steps_in(bucket: Bucket, run: str) -> dict[str, bool]:
     """``step_<N>`` prefixes under ``run``'s checkpoints -> whether each is committed."""
     keys = bucket.keys(f"{run}/checkpoints/")
@@ -69,8 +74,7 @@ def test_a_killed_fsdp_run_resumes_from_the_bucket(s3, tmp_path, reference, kill
     proc = torchx_cli("run", "-s", "local_cwd", "components/fsdp.py:fsdp", "-j", "1x2",
                       "--max_retries", "1", "--env", f"TRAINERS_KILL_AT={kill}", "--",
                       *ARGS, "--output-dir", run)
-    story = "\n".join(line for line in proc.stderr.splitlines() if " | loss " not in line)
-    assert "Job finished: SUCCEEDED" in proc.stderr, story[-12000:]  # every attempt's end
+    assert "Job finished: SUCCEEDED" in proc.stderr, attempts_ends(proc.stderr)[-12000:]
     rank, step, *_ = kill.split(":")
     assert f"killing rank {rank} at step {step}" in proc.stderr
     local = fetch(run, tmp_path / "faulted")
@@ -98,16 +102,14 @@ def test_sigterm_saves_to_the_bucket_and_the_restart_loses_at_most_one_step(s3, 
     proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
-    before = []  # every line up to the kill: a first attempt that failed early shows its end
+    before = []  # the lines up to the kill: a first attempt that died early ends there
     for line in proc.stdout:  # rank 0's step lines: the run is well under way at step 10
         before.append(line)
         if re.match(r"step +10/40 ", line):
             break
     subprocess.run(["pkill", "-TERM", "-f", "-P", str(proc.pid), "trainers.fsdp"], check=False)
     out = proc.communicate(timeout=300)[0]
-    story = "".join(line for line in [*before, *out.splitlines(keepends=True)]
-                    if not re.match(r"step +\d+/", line))
-    assert proc.returncode == 0, story[-12000:]
+    assert proc.returncode == 0, attempts_ends("".join(before) + out)[-12000:]
     assert "preempted by SIGTERM after step " in out, out[-4000:]
     saved = int(out.split("preempted by SIGTERM after step ")[1].split(":")[0])
     local = fetch(s3.url("preempted"), tmp_path / "preempted")
