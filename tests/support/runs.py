@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +11,11 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from tests.support.processes import REPO, child_env, run_command, run_forked, torchrun
 from trainers.config.parsing import without_option
 from trainers.runs.checkpoint_files import find_checkpoints
 
-REPO = Path(__file__).resolve().parents[2]
+__all__ = ["REPO", "child_env"]
 
 # Small, fast settings for the tiny model; tests add or override flags.
 TINY = ["--model", "tiny", "--batch-size", "8", "--steps", "8", "--warmup-steps", "2",
@@ -23,43 +23,25 @@ TINY = ["--model", "tiny", "--batch-size", "8", "--steps", "8", "--warmup-steps"
         "--peak-tflops", "1", "--train-samples", "256", "--resume", "none"]
 
 
-def child_env() -> dict[str, str]:
-    """The environment of a process the tests start: this checkout importable, this
-    interpreter's environment first on PATH (torchx's local_cwd runs `torchrun` from PATH),
-    one OpenMP thread unless set, and Python's fault handler on: a process that crashes or is
-    aborted (SIGABRT, as :func:`tests.support.slurm.stuck_job_report` aborts a stuck job)
-    prints every thread's stack to its stderr."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("PYTHONFAULTHANDLER", "1")
-    return env
-
-
 def run_trainer(args: list[str], nproc: int = 1, module: str = "trainers.ddp",
-                check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``python -m module args`` (nproc 1) or the same under ``torchrun --nproc_per_node``."""
-    if nproc == 1:
-        cmd = [sys.executable, "-m", module, *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "-m", module, *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
-                          timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return proc
+                check: bool = True, launcher: str = "forked", env: dict[str, str] | None = None,
+                timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` (nproc 1) or its ``nproc`` ranks on one node: forked from the
+    preloaded process (:func:`tests.support.processes.run_forked`, for tests of numbers), or
+    with ``launcher="torchrun"`` under the real ``torchrun --nproc_per_node`` (for tests of
+    launching: restarts, signals, torchrun's summary; each rank's output is prefixed with its
+    rank there). With ``check`` a failure raises with each rank's output."""
+    if launcher == "forked":
+        return run_forked(module, args, nproc, env=env, timeout=timeout, check=check)
+    return torchrun(module, args, nproc, env=env).wait(timeout, check=check)
 
 
 def torchx_cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python -m torchx.cli.main <args>`` in ``cwd`` with the tests' environment plus ``env``
     (a process each time: TorchX's CLI keeps global argument state)."""
-    return subprocess.run([sys.executable, "-m", "torchx.cli.main", *args], cwd=cwd,
-                          env={**child_env(), **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_command([sys.executable, "-m", "torchx.cli.main", *args], cwd=cwd, env=env,
+                       timeout=timeout, label="torchx-" + "-".join(args[:1]))
 
 
 # ``args`` less the given options and their values (the tests' short name).

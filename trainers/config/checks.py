@@ -88,6 +88,9 @@ def check_options(cfg: TrainConfig) -> None:
     if not 0.0 < cfg.val_fraction < 1.0:
         raise ConfigError(f"--val-fraction must be in (0, 1), got {cfg.val_fraction}")
     parse_signals(cfg.preemption_signals)
+    if cfg.pg_timeout < 0:
+        raise ConfigError(f"--pg-timeout must be >= 0 seconds (0: torch's default), got "
+                          f"{cfg.pg_timeout}")
     check_fault_tolerance(cfg)
     check_trackers(cfg.tracker, cfg.tensorboard, packages=False)
     check_data_options(cfg)

@@ -108,6 +108,21 @@ def attempt_store(world_size: int) -> dist.Store:
     return dist.PrefixStore(f"attempt_{attempt}/", store)
 
 
+def pg_timeout(cfg: TrainConfig) -> timedelta | None:
+    """How long a collective may wait before the process group raises: ``--pg-timeout``
+    seconds, or None (torch's default for the backend) when it is 0.
+
+    Set, it also becomes the default of every group formed later in this process (device
+    mesh dimensions, pipeline stage pairs, the checkpointer's gloo group), which
+    ``new_group`` would otherwise give torch's backend default rather than the world's."""
+    if not cfg.pg_timeout:
+        return None
+    timeout = timedelta(seconds=cfg.pg_timeout)
+    c10d = dist.distributed_c10d
+    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+    return timeout
+
+
 @contextmanager
 def init_distributed(cfg: TrainConfig, device: torch.device | None = None) -> Iterator[DistEnv]:
     """Join (or form) the process group for the run and leave it on exit.
@@ -133,7 +148,7 @@ def init_distributed(cfg: TrainConfig, device: torch.device | None = None) -> It
     tf32 = configure_tf32(cfg.tf32, device)
     if "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend, store=attempt_store(world_size), rank=rank,
-                                world_size=world_size,
+                                world_size=world_size, timeout=pg_timeout(cfg),
                                 device_id=device if device.type == "cuda" else None)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainers.config.parsing import exit_on_config_error, parse_or_exit
 from trainers.core.distributed import DistEnv, init_distributed
@@ -33,8 +34,13 @@ from trainers.runs.storage import location
 StrategyBuilder = Callable[[TrainConfig, DistEnv, ModelSpec], Strategy]
 
 
+@record
 def run(name: str, build: StrategyBuilder, argv: Sequence[str] | None = None) -> None:
-    """Train with the strategy ``build`` makes, as trainer ``name`` of the table of trainers."""
+    """Train with the strategy ``build`` makes, as trainer ``name`` of the table of trainers.
+
+    Under torchrun an error that ends a rank is written to the rank's error file (torch's
+    elastic ``record``), so torchrun's failure summary names the first failing rank and shows
+    its traceback."""
     configure_logging()
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_or_exit(argv, name)

@@ -98,6 +98,9 @@ class TrainConfig:
                        choices=["auto", "cpu", "cuda"])
     backend: str = _opt("auto", "process-group backend: auto (nccl on cuda, else gloo), gloo, nccl",
                         choices=["auto", "gloo", "nccl"])
+    pg_timeout: float = _opt(0.0, "seconds a collective may wait before the process group "
+                             "raises (0: torch's default, 10 min for nccl and 30 for gloo); a hung "
+                             "rank then ends the run with an error instead of holding the job")
     tf32: bool = _opt(True, "fp32 matmuls and cuDNN convolutions in TensorFloat-32 on CUDA "
                       "devices of compute capability 8.0 (Ampere) or newer; no effect elsewhere "
                       "(--no-tf32 or --tf32 false: full fp32)", negatable=True)
