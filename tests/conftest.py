@@ -17,7 +17,8 @@ import pytest
 
 from tests.support.runs import TINY, losses, run_trainer
 
-pytest_plugins = ["pytester", "tests.support.processes", "tests.support.slurm", "tests.support.ci_strict",
+pytest_plugins = ["pytester", "tests.support.processes", "tests.support.slurm",
+                  "tests.support.ci_strict",
                   "tests.support.component_runs", "tests.support.s3"]
 
 TIERS = ("unit", "integration", "system")

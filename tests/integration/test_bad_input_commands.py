@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import REPO, child_env
+from tests.support.processes import run_command, run_forked
+from tests.support.runs import child_env
 
 # The words by which an error line of ours names its fix (argparse's own lines name the option).
 FIX = re.compile(r"\b(pass|drop|pick|run it with|did you mean)\b|e\.g\.")
@@ -223,9 +224,8 @@ def refusals(tmp_path_factory) -> dict[str, Refusal]:
     def run(row: Row, directory: Path) -> Refusal:
         _inputs(directory)
         before = _snapshot(directory)
-        proc = subprocess.run([sys.executable, "-m", f"trainers.{row.module}", *row.args],
-                              cwd=directory, env=env, capture_output=True, text=True,
-                              timeout=120)
+        proc = run_forked(f"trainers.{row.module}", row.args, cwd=directory, env=env,
+                          timeout=120, check=False)
         return Refusal(proc, before, _snapshot(directory))
 
     with ThreadPoolExecutor(4) as pool:
@@ -249,7 +249,6 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_written(refusals, row):
 
 @pytest.mark.parametrize("module", sorted({row.module for row in ROWS}))
 def test_help_is_printed_and_exits_0(module):
-    proc = subprocess.run([sys.executable, "-m", f"trainers.{module}", "--help"], cwd=REPO,
-                          env=child_env(), capture_output=True, text=True, timeout=120)
+    proc = run_command([sys.executable, "-m", f"trainers.{module}", "--help"], timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
     assert proc.stdout.startswith("usage: "), proc.stdout[:500]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from torchx.runner import get_runner
 
 from components.errors import ComponentArgumentError
 from tests.integration.test_bad_input_matrix import FIX, Row, assert_refused
+from tests.support.processes import run_forked
 from tests.support.runs import REPO, run_trainer
 from trainers.models.huggingface import tiny_llama_config
 from trainers.options.model_names import check_safetensors
@@ -113,9 +112,8 @@ def test_the_runner_and_the_planner_refuse_it(tmp_path, case):
                                 ["--", "--model", f"hf:{folder}"], "local_cwd", workspace=None)
     assert str(refused.value) == f"trainers.ddp: {expected}"
     if case.name == "bert-bare":  # the planner reads the same check; one case suffices
-        plan = subprocess.run([sys.executable, "-m", "trainers.planning.plan", "--model",
-                               f"hf:{folder}"],
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        plan = run_forked("trainers.planning.plan", ["--model", f"hf:{folder}"], timeout=120,
+                          check=False)
         assert plan.returncode == 2
         assert plan.stderr.strip() == f"trainers.planning.plan: error: {expected}"
 

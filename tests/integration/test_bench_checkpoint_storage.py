@@ -4,21 +4,19 @@ and on its own S3 server with ``--quick``."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.support.runs import REPO, child_env
+from tests.support.processes import run_command
 
 pytestmark = pytest.mark.slow
 
 
 def test_checkpoint_storage_quick_run_measures_both_targets(tmp_path):
     output = tmp_path / "checkpoint_storage.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.checkpoint_storage", "--quick",
-                           "--output", str(output)], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = run_command([sys.executable, "-m", "bench.checkpoint_storage", "--quick", "--output",
+                        str(output)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(output.read_text())
     assert report["world_size"] == 1 and report["server_cpu_s"] > 0

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.support.runs import REPO, child_env
+from tests.support.processes import run_command
 
 pytestmark = pytest.mark.slow
 
 
 def test_gpu_benchmark_quick_run_reports_both_fsdp_runs(tmp_path):
     output = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--quick", "--output", str(output)],
-                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=900)
+    proc = run_command([sys.executable, "-m", "bench.gpu", "--quick", "--output", str(output)],
+                       timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(output.read_text())
     assert report["nproc"] == 2 and report["peak"]["peak_flops"] > 0

@@ -4,21 +4,19 @@ same samples and counts what each computed; packing leaves no padding but a row'
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.support.runs import REPO, child_env
+from tests.support.processes import run_command
 
 pytestmark = pytest.mark.slow
 
 
 def test_instruction_batching_quick_run_measures_pad_and_pack(tmp_path):
     output = tmp_path / "instruction_batching.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.instruction_batching", "--quick",
-                           "--output", str(output)], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = run_command([sys.executable, "-m", "bench.instruction_batching", "--quick", "--output",
+                        str(output)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(output.read_text())
     assert [r["variant"] for r in report["runs"]] == ["pad", "pack"]

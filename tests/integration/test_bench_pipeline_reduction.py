@@ -4,21 +4,19 @@ with the flat all-reduce and with FSDP2 (ZeRO-2 and ZeRO-3) per stage, and the l
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.support.runs import REPO, child_env
+from tests.support.processes import run_command
 
 pytestmark = pytest.mark.slow
 
 
 def test_pipeline_reduction_quick_run_compares_flat_zero2_and_zero3(tmp_path):
     output = tmp_path / "pipeline_reduction.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.pipeline_reduction", "--quick",
-                           "--output", str(output)], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = run_command([sys.executable, "-m", "bench.pipeline_reduction", "--quick", "--output",
+                        str(output)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(output.read_text())
     assert report["nproc"] == 4 and list(report["schedules"]) == ["interleaved1f1b"]

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
 from tests.support.component_runs import COMPONENTS
-from tests.support.runs import REPO, child_env, torchx_cli
+from tests.support.processes import run_forked
+from tests.support.runs import torchx_cli
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
@@ -70,8 +69,6 @@ def test_hf_model_on_a_jsonl_directory_with_a_trained_tokenizer(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_loss"] < summary["first_loss"] - 1.0
-    sample = subprocess.run([sys.executable, "-m", "trainers.tools.sample", str(run_dir),
-                             "--prompt", "the model", "--tokens", "8"], cwd=REPO, env=child_env(),
-                            capture_output=True, text=True, timeout=120)
-    assert sample.returncode == 0, sample.stderr[-2000:]
+    sample = run_forked("trainers.tools.sample", [str(run_dir), "--prompt", "the model",
+                                                  "--tokens", "8"], timeout=120)
     assert sample.stdout.startswith("the model")

@@ -13,6 +13,7 @@ import warnings
 import pytest
 
 from components import launch
+from tests.support.processes import run_command
 from tests.support.runs import REPO
 from trainers.options.trainer_table import TRAINERS
 
@@ -144,10 +145,9 @@ def test_one_node_rendezvouses_on_a_free_port_of_its_own():
 
 def test_a_word_with_spaces_reaches_the_trainer_as_one_argument(tmp_path):
     """The bash script is rendered from a list of words: bash hands them back unchanged."""
-    import subprocess
 
     words = ["--data", str(tmp_path / "my corpus"), "--note", "it's $HOME"]
     (role,) = launch.torchrun_app("trainers.ddp", *words, j="1x1").roles
     script = role.args[-1].replace("torchrun ", "printf '%s\\n' ", 1)
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    out = run_command(["bash", "-c", script], check=True)
     assert out.stdout.splitlines()[-len(words):] == words

@@ -12,15 +12,15 @@ import sys
 import tomllib
 from pathlib import Path
 
-from tests.support.runs import REPO, TINY, child_env, run_trainer
+from tests.support.processes import run_command
+from tests.support.runs import REPO, TINY, run_trainer
 
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 BIN = Path(sys.executable).parent
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / name), *args], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True, timeout=300)
+    return run_command([str(BIN / name), *args])
 
 
 def test_every_script_is_installed_and_names_a_command_of_trainers():

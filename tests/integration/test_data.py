@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import numpy as np
 import torch
 
+from tests.support.processes import run_forked
 from trainers.core.batch_stream import BatchStream, eval_batches
 from trainers.core.data import MarkovChainDataset, TokenFileDataset
 from trainers.formats.token_file import read_header
@@ -93,8 +92,7 @@ def test_tokenize_script_round_trips_bytes(tmp_path):
     text = "hello, wörld\n" * 200
     source, target = tmp_path / "in.txt", tmp_path / "out.bin"
     source.write_text(text, encoding="utf-8")
-    out = subprocess.run([sys.executable, "-m", "trainers.tools.prepare_data", str(source),
-                          str(target)], capture_output=True, text=True, check=True)
+    out = run_forked("trainers.tools.prepare_data", [str(source), str(target)])
     assert f"wrote {len(text.encode()):,} tokens" in out.stdout
     train = TokenFileDataset(read_header(target), 32, "train", 0.1)
     val = TokenFileDataset(read_header(target), 32, "val", 0.1)
@@ -112,6 +110,6 @@ def test_tokenize_script_round_trips_bytes(tmp_path):
 def test_tokenize_rejects_empty_input(tmp_path):
     source = tmp_path / "empty.txt"
     source.write_text("")
-    proc = subprocess.run([sys.executable, "-m", "trainers.tools.prepare_data", str(source),
-                           str(tmp_path / "o.bin")], capture_output=True, text=True)
+    proc = run_forked("trainers.tools.prepare_data", [str(source), str(tmp_path / "o.bin")],
+                      check=False)
     assert proc.returncode == 2 and "is empty" in proc.stderr

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 
-from tests.support.runs import REPO, TINY, assert_close, child_env, losses, run_trainer
+from tests.support.processes import run_forked
+from tests.support.runs import TINY, assert_close, losses, run_trainer
 from trainers.config.parsing import parse_config
 from trainers.core.data import TokenFileDataset
 from trainers.errors import ConfigError
@@ -55,10 +56,7 @@ def write_corpus(root: Path, kind: str) -> Path:
 
 
 def command(module: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True, timeout=300)
-    assert not check or proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    return run_forked(module, args, check=check)
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import REPO, child_env
+from tests.support.processes import run_command
 
 pytestmark = pytest.mark.slow
 
 
 def run_example(script: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``examples/<script>`` short (4 steps of batch 4) with ``env`` added; asserts it exits 0."""
-    proc = subprocess.run([f"examples/{script}"], cwd=REPO, capture_output=True, text=True,
-                          env={**child_env(), "STEPS": "4", "BATCH": "4", **env}, timeout=600)
+    proc = run_command([f"examples/{script}"], env={"STEPS": "4", "BATCH": "4", **env},
+                       timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
 

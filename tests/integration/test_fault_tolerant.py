@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -24,11 +22,10 @@ from torchx.runner import get_runner
 import trainers.ddp
 from components.errors import ComponentArgumentError
 from components.schedulers.torchx_workarounds.releases import dryrun_app
+from tests.support.processes import start, unused_port
 from tests.support.runs import (
-    REPO,
     TINY,
     assert_close,
-    child_env,
     final_weights,
     losses,
     one_line_error,
@@ -41,12 +38,6 @@ from trainers.runs.replica_groups import finished_groups, report_finished
 COMPONENT = "components/fault_tolerant.py:fault_tolerant"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
-
-
 def component_command(run_dir: Path, trainer: str, min_replicas: int,
                       trainer_args: list[str]) -> list[str]:
     """``torchx run -s local_cwd`` of 2 replica groups x 2 ranks of ``trainer`` writing to
@@ -54,7 +45,7 @@ def component_command(run_dir: Path, trainer: str, min_replicas: int,
     return [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd", COMPONENT,
             "--trainer", trainer, "--groups", "2", "--min_replicas", str(min_replicas),
             "-j", "1x2",
-            "--lighthouse_port", str(free_port()), "--", *trainer_args,
+            "--lighthouse_port", str(unused_port()), "--", *trainer_args,
             "--output-dir", str(run_dir)]
 
 
@@ -65,7 +56,7 @@ def records(group_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-@pytest.mark.parametrize("trainer", ["ddp", "fsdp"])
+@pytest.mark.parametrize("trainer", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_replica_groups_step_as_the_trainer_over_all_their_ranks(tmp_path, trainer,
                                                                  ddp_two_ranks):
     """2 groups x 2 ranks (min_replicas 2: both in every quorum; FSDP sharded over a group)
@@ -74,9 +65,10 @@ def test_replica_groups_step_as_the_trainer_over_all_their_ranks(tmp_path, train
     sees both groups finish."""
     run_dir = tmp_path / "ft"
     args = [*without(TINY, "--batch-size"), "--batch-size", "16"]
-    proc = subprocess.run(component_command(run_dir, trainer, 2, args),
-                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "Job finished: SUCCEEDED" in proc.stderr, proc.stderr[-4000:]
+    job = start(component_command(run_dir, trainer, 2, args), label=f"ft-{trainer}")
+    proc = job.wait(300)
+    assert proc.returncode == 0 and "Job finished: SUCCEEDED" in proc.stderr, \
+        job.describe(f"exit {proc.returncode}")
     for group in (0, 1):
         assert_close(losses(run_dir / f"replica_group_{group}"), ddp_two_ranks)
 
@@ -113,23 +105,19 @@ def test_a_killed_replica_group_heals_while_the_other_keeps_stepping(tmp_path):
         "--steps", str(total), "--log-every", "1", "--checkpoint-every", "100",
         "--train-samples", "4096"]
     run_dir = tmp_path / "ft"
-    job = subprocess.Popen(component_command(run_dir, trainer, 1, args), cwd=REPO,
-                           env=child_env(),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while not any(r["step"] >= 10 for r in records(run_dir / "replica_group_1")):
-            assert job.poll() is None and time.monotonic() < deadline, "group 1 stuck before 10"
-            time.sleep(0.2)
-        victims = _worker_pids(f"trainers.{trainer}", 1)
-        assert len(victims) == 2, victims
-        killed_after = max(r["step"] for r in records(run_dir / "replica_group_1"))
-        os.kill(victims[0], signal.SIGKILL)
-        output, _ = job.communicate(timeout=300)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    assert job.returncode == 0 and "Job finished: SUCCEEDED" in output, output[-4000:]
+    job = start(component_command(run_dir, trainer, 1, args), label="ft-kill")
+    deadline = time.monotonic() + 180
+    while not any(r["step"] >= 10 for r in records(run_dir / "replica_group_1")):
+        assert job.popen.poll() is None and time.monotonic() < deadline, \
+            job.describe("group 1 stuck before step 10")
+        time.sleep(0.2)
+    victims = _worker_pids(f"trainers.{trainer}", 1)
+    assert len(victims) == 2, victims
+    killed_after = max(r["step"] for r in records(run_dir / "replica_group_1"))
+    os.kill(victims[0], signal.SIGKILL)
+    proc = job.wait(300)
+    assert proc.returncode == 0 and "Job finished: SUCCEEDED" in proc.stderr, \
+        job.describe(f"exit {proc.returncode}")
 
     # The first group up trains alone until the other joins and heals (min_replicas 1), so
     # group 0 may start past step 1; from then on its steps only go forward, one at a time.
@@ -158,7 +146,7 @@ def test_an_unreachable_lighthouse_is_one_line(tmp_path):
     """A trainer whose lighthouse never answers exits within --quorum-timeout, naming how to
     start one or point at it."""
     proc = run_trainer([*TINY, "--fault-tolerant", "--lighthouse",
-                        f"http://127.0.0.1:{free_port()}", "--quorum-timeout", "1",
+                        f"http://127.0.0.1:{unused_port()}", "--quorum-timeout", "1",
                         "--output-dir", str(tmp_path / "run")], check=False)
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if "lighthouse" in line]
@@ -227,19 +215,11 @@ def test_the_lighthouse_stops_when_every_group_reports_having_finished(tmp_path)
     itself alone at its first quorum (the finished group's heartbeats stopped after its report:
     a torchft client heartbeats as group 0 until then, which keeps group 2 out of a quorum of
     its own); its metrics from before (a killed attempt's) stay as they were."""
-    port = free_port()
-    while True:  # the reports' port is the next one
-        with socket.socket() as probe:
-            try:
-                probe.bind(("", port + 1))
-                break
-            except OSError:
-                port = free_port()
-    lighthouse = subprocess.Popen(
+    port = unused_port(span=2)  # the reports' port is the next one
+    lighthouse = start(
         [sys.executable, "-m", "trainers.tools.lighthouse", "--groups", "3", "--steps", "5",
          "--output-dir", str(tmp_path / "elsewhere"), "--port", str(port),
-         "--heartbeat-timeout-ms", "2000"],
-        cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--heartbeat-timeout-ms", "2000"])
     url = f"http://localhost:{port}"
     beating = threading.Event()
     beating.set()
@@ -262,32 +242,26 @@ def test_the_lighthouse_stops_when_every_group_reports_having_finished(tmp_path)
     earlier.parent.mkdir(parents=True)
     earlier.write_text("".join(json.dumps({"step": s, "loss": 5.0}) + "\n" for s in (1, 2, 3)))
     heart = threading.Thread(target=heartbeat_as_group_0, daemon=True)
-    waiting = None
     try:
-        started = next((line for line in lighthouse.stdout if "lighthouse serving" in line), "")
-        assert "serving 3 replica groups" in started, lighthouse.communicate()[0]
+        assert "serving 3 replica groups" in lighthouse.wait_for("lighthouse serving", 60)
         heart.start()
-        waiting = subprocess.Popen([sys.executable, "-m", "trainers.ddp", *group(2, "waiting")],
-                                   cwd=REPO, env=child_env(),
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        waiting = start([sys.executable, "-m", "trainers.ddp", *group(2, "waiting")])
         # past its start's check (nothing finished yet): its first quorum waits for group 0
-        line = next((line for line in waiting.stdout if "run directory:" in line), "")
-        assert line, waiting.communicate()[0][-3000:]
+        waiting.wait_for("run directory:", 120)
         assert report_finished(url, 0, 5) and report_finished(url, 1, 4)
-        assert finished_groups(url) == [0] and lighthouse.poll() is None
+        assert finished_groups(url) == [0] and lighthouse.popen.poll() is None
         beating.clear()
         late = run_trainer(group(1, "late"), check=False)
         assert late.returncode == 0, late.stderr[-3000:]
         assert "replica group 1 stops: replica group 0" in late.stdout, late.stdout
         assert "already trained the job's 5 steps" in late.stdout, late.stdout
         assert not (tmp_path / "late" / "replica_group_1" / "metrics.jsonl").exists()
-        rest, _ = waiting.communicate(timeout=120)
-        assert waiting.returncode == 0 and "replica group 2 stops: replica group 0" in rest, rest
+        rest = waiting.wait(120)
+        assert rest.returncode == 0 and "replica group 2 stops: replica group 0" in rest.stdout, \
+            waiting.describe(f"exit {rest.returncode}")
         assert [json.loads(r)["step"] for r in earlier.read_text().splitlines()] == [1, 2, 3]
-        output, _ = lighthouse.communicate(timeout=30)
+        done = lighthouse.wait(30)
     finally:
         beating.clear()
-        for proc in (lighthouse, waiting):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-    assert lighthouse.returncode == 0 and "every replica group trained 5 steps" in output, output
+    assert done.returncode == 0 and "every replica group trained 5 steps" in done.stdout, \
+        lighthouse.describe(f"exit {done.returncode}")

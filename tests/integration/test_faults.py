@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.support.processes import run_command
 from tests.support.runs import TINY, assert_same_run, losses, run_trainer, torchx_cli, without
 from trainers.errors import ConfigError
 from trainers.runs.checkpoint_files import find_checkpoints, step_dirs, verify
@@ -92,9 +92,9 @@ def small_disk(tmp_path):
         pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
     mount = tmp_path / "disk"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True)
+    run_command(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True)
     yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+    run_command(["umount", str(mount)], check=True)
 
 
 @pytest.mark.slow

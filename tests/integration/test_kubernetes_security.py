@@ -11,6 +11,10 @@ from tests.integration.test_kubernetes_render import TRAINER_ARGS
 from tests.support.checkov import checkov_executable, failures, scan
 from tests.support.k8s import KUSTOMIZATIONS, REPO, jobset_pods, kustomize_build, pod_of, render
 
+# checkov lives in an environment of its own, built on first use (about a minute; .ci/run builds
+# it in the background while README's tier runs): not a laptop's fast tier.
+pytestmark = [pytest.mark.slow, pytest.mark.torchx_main]
+
 # Checks skipped for the rendered training pods, each with its reason. Nothing is skipped for
 # the builds of k8s/. The Volcano Job itself is not scanned: checkov reads any kind "Job" as
 # batch/v1 and looks for spec.template, which a Volcano Job keeps per task

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import REPO, child_env
+from tests.support.processes import run_command
+from tests.support.runs import REPO
 from trainers.options.trainer_table import TRAINERS
 
 # The torch-free packages: what a component may import to check a job before submitting it.
@@ -34,8 +35,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def _lint_imports(root: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=child_env(),
-                          text=True, capture_output=True, timeout=120)
+    return run_command([str(LINT_IMPORTS), "--no-cache"], cwd=root, timeout=120)
 
 
 def test_the_import_contracts_hold():
@@ -84,14 +84,12 @@ def test_the_torch_free_layers_and_a_component_dry_run_load_no_torch():
             "'local_cwd', cfg={})\n"
             "assert 'trainers.ddp' in str(info.request)\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=child_env(), text=True,
-                         capture_output=True, check=True).stdout
+    out = run_command([sys.executable, "-c", code], check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
 
 
 def _repo_modules() -> list[Path]:
-    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True,
-                             text=True, check=True).stdout.split()
+    tracked = run_command(["git", "ls-files", "*.py"], check=True).stdout.split()
     return [REPO / p for p in tracked] + list((REPO / "trainers").rglob("*.py"))
 
 
@@ -116,8 +114,7 @@ def test_torchx_imports_from_every_folder_of_the_repo():
             "print(sorted(get_scheduler_factories()))")
 
     def run_in(folder: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
-        return folder, subprocess.run([sys.executable, "-c", code], cwd=folder, env=child_env(),
-                                      text=True, capture_output=True)
+        return folder, run_command([sys.executable, "-c", code], cwd=folder)
 
     # Two interpreters at a time: each folder's is independent of the others' (its own cwd).
     with ThreadPoolExecutor(2) as pool:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from bench.memory_probe import measure_step
-from tests.support.runs import REPO, TINY, child_env, losses, run_trainer, without
+from tests.support.processes import run_forked
+from tests.support.runs import TINY, losses, run_trainer, without
 from trainers.config.parsing import parse_config
 from trainers.core.loop import build_optimizer
 from trainers.models import build_model, materialize, resolve_spec, spec_of
@@ -106,13 +105,8 @@ LORA_CASES = ["ddp:fp32:0:4", "ddp:bf16:0:4", "zero3:fp32:0:4", "zero3:bf16:0:4"
 def two_rank_records() -> list[dict]:
     """The records of every TWO_RANK_CASES and LORA_CASES case, measured in one torchrun of
     2 ranks (a launch, not a case, is what costs: one for both tests)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-           "-m", "tests.support.workers.memory_anatomy", "llama-tiny", *TWO_RANK_CASES,
-           *LORA_CASES]
-    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_forked("tests.support.workers.memory_anatomy",
+                      ["llama-tiny", *TWO_RANK_CASES, *LORA_CASES], nproc=2)
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
@@ -141,12 +135,8 @@ PIPELINE_CASES = ["zero3:bf16", "ddp:fp32"]
 def test_3d_pipeline_stages_match_the_formulas(name="llama-tiny"):
     """Each stage of a pipeline x tensor x FSDP layout: the last stage (output side, the
     heaviest, what the planner prices) and the first (no output side) each within 10%."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "8",
-           "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-           "-m", "tests.support.workers.pipeline_memory", name, *PIPELINE_CASES]
-    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_forked("tests.support.workers.pipeline_memory", [name, *PIPELINE_CASES],
+                      nproc=8)
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(records) == 8 * len(PIPELINE_CASES)
     assert {r["stage"] for r in records} == {"first", "last"}
@@ -187,8 +177,8 @@ def test_the_1b_table_comes_from_the_formulas():
     assert [line.split()[0] for line in lines[1:]] == ["ddp", "zero1", "zero2", "zero3"]
     zero3 = predict(MODEL_SIZES["1b"], 1, 2048, "bf16", False, Layout("zero3", dp=8))
     assert lines[-1].split()[-1] == f"{zero3.total / 2**30:.2f}"
-    out = subprocess.run([sys.executable, "-m", "trainers.planning.memory", "--model", "1b",
-                          "--devices", "8"], capture_output=True, text=True, check=True, cwd=REPO)
+    out = run_forked("trainers.planning.memory", ["--model", "1b",
+                          "--devices", "8"])
     assert table in out.stdout
 
 
@@ -200,10 +190,9 @@ def test_the_3d_table_prices_the_heaviest_stage():
     zero3 = predict(shape, 1, 8192, "bf16", True, Layout("zero3", dp=4, tp=2, pp=2))
     assert table.splitlines()[-1].split()[-1] == f"{zero3.total / 2**30:.2f}"
     assert zero3.gathered == (shape.vocab_size * shape.d_model + shape.d_model) * 2  # bf16
-    out = subprocess.run([sys.executable, "-m", "trainers.planning.memory", "--model", "llama-8b",
+    out = run_forked("trainers.planning.memory", ["--model", "llama-8b",
                           "--seq-len", "8192", "--devices", "16", "--tp", "2", "--pp", "2",
-                          "--activation-checkpointing"],
-                         capture_output=True, text=True, check=True, cwd=REPO)
+                          "--activation-checkpointing"])
     assert table in out.stdout
 
 
@@ -216,9 +205,8 @@ def test_the_lora_table_prices_the_frozen_base_and_the_adapters():
     outside = shape.vocab_size * shape.d_model + (2 * 32 + 1) * shape.d_model
     assert ddp.params == 2 * (shape.num_params() - outside) + 4 * outside + ddp.grads
     table = anatomy_table(shape, 1, 8192, "bf16", False, 8, adapters=adapters)
-    out = subprocess.run([sys.executable, "-m", "trainers.planning.memory", "--model", "llama-8b",
-                          "--seq-len", "8192", "--lora-rank", "16"],
-                         capture_output=True, text=True, check=True, cwd=REPO)
+    out = run_forked("trainers.planning.memory", ["--model", "llama-8b",
+                          "--seq-len", "8192", "--lora-rank", "16"])
     assert "LoRA rank 16: 6.82M adapter parameters" in out.stdout and table in out.stdout
 
 

@@ -7,16 +7,12 @@ DCP checkpoints resume across world sizes.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
+from tests.support.processes import run_forked
 from tests.support.runs import (
-    REPO,
     TINY,
     assert_close,
-    child_env,
     losses,
     run_trainer,
     without,
@@ -43,12 +39,7 @@ def test_fsdp_with_accumulation_and_checkpointing(tmp_path, single_process):
 
 def test_tensor_parallel_logits_and_gradients_match_the_unsharded_model():
     """Without and with sequence parallel, in one torchrun."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-           "-m", "tests.support.workers.tp_grads"]
-    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    proc = run_forked("tests.support.workers.tp_grads", [], nproc=2)
     assert proc.stdout.count("checked logits and") == 2, proc.stdout
 
 

@@ -1,8 +1,8 @@
 """Pipeline (alone and 3-D) and model parallelism compute the single-process training.
 
 Under torchrun + gloo, fp32: every schedule's per-step losses within 1e-5 relative of one
-process, on 2 ranks and as 3-D (pp2 x dp2 x tp2 with ZeRO-3 on 8 ranks; pp2 x tp2);
-the 8-rank 3-D checkpoint resumes at another layout (pp2 x tp2, and the fsdp trainer) with the
+process, on 2 ranks and as 3-D (pp2 x dp2 x tp2 with ZeRO-3 on 8 ranks, on llama-tiny; pp2 x
+tp2); the 8-rank 3-D checkpoint resumes at another layout (pp2 x tp2, and the fsdp trainer) with the
 uninterrupted run's losses, and sample and export read it; the naive model-parallel run exactly
 equal; the recorded timeline has a forward and a backward per micro-batch and stage.
 """
@@ -52,11 +52,12 @@ def test_three_dimensional_runs_match_one_process(tmp_path, single_process, npro
 
 
 def test_three_dimensional_checkpoint_resumes_at_other_layouts(tmp_path, capsys):
-    """pp2 x dp2 x tp2 on 8 ranks (FSDP2 ZeRO-3 across the 2 pipelines, interleaved 1F1B,
-    activation checkpointing) computes the one-process run's losses; its checkpoint, resumed at
-    pp2 x tp2 x dp1 (1f1b) and by the fsdp trainer on 2 ranks through DCP's resharding, gives
-    the uninterrupted run's losses; sample and export read it."""
-    common = [*BATCH, "--train-samples", "48"]
+    """llama-tiny (grouped-query attention) as pp2 x dp2 x tp2 on 8 ranks (FSDP2 ZeRO-3 across
+    the 2 pipelines, interleaved 1F1B with two virtual stages a rank, activation checkpointing)
+    computes the one-process run's losses; its checkpoint, resumed at pp2 x tp2 x dp1 (1f1b) and
+    by the fsdp trainer on 2 ranks through DCP's resharding, gives the uninterrupted run's
+    losses; sample and export read it."""
+    common = [*BATCH, "--model", "llama-tiny", "--train-samples", "48"]
     whole, one = tmp_path / "whole", tmp_path / "one-process"
     run_trainer([*common, *THREE_D, *INTERLEAVED_AC, "--checkpoint-every", "4",
                  "--output-dir", str(whole)], nproc=8, module="trainers.pipeline")

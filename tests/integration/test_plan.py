@@ -4,8 +4,6 @@ out-of-memory step explains itself."""
 from __future__ import annotations
 
 import re
-import resource
-import subprocess
 import sys
 
 import pytest
@@ -15,7 +13,8 @@ from components.ddp import ddp
 from components.errors import ComponentArgumentError
 from components.fsdp import fsdp
 from components.pipeline import pipeline
-from tests.support.runs import REPO, child_env, torchx_cli
+from tests.support.processes import run_command, run_forked
+from tests.support.runs import torchx_cli
 from trainers.config.parsing import parse_config
 from trainers.errors import ConfigError
 from trainers.planning.planner import GIB, candidates, job_candidate, recommend
@@ -80,8 +79,7 @@ def test_3d_when_nothing_simpler_fits():
 
 
 def _plan(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "trainers.planning.plan", *args],
-                          capture_output=True, text=True, check=True, cwd=REPO).stdout
+    return run_forked("trainers.planning.plan", args).stdout
 
 
 def test_plan_command_prints_the_table_and_a_command():
@@ -149,8 +147,7 @@ def assert_planner_commands_accepted(scheduler: str) -> None:
     (["--device", "cpu", "--peak-tflops", "1"], "--peak-tflops describes GPUs"),
 ])
 def test_plan_command_rejects_bad_input_in_one_line(args, message):
-    proc = subprocess.run([sys.executable, "-m", "trainers.planning.plan", *args],
-                          capture_output=True, text=True, cwd=REPO)
+    proc = run_forked("trainers.planning.plan", args, check=False)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("trainers.planning.plan: error: ") and message in line
@@ -206,11 +203,10 @@ def test_the_projection_needs_a_known_peak_and_scales_on_request():
 
 
 def test_custom_shape():
-    out = subprocess.run([sys.executable, "-m", "trainers.planning.plan", "--layers", "4",
-                          "--heads", "8", "--hidden", "512", "--vocab", "1000", "--context", "128",
-                          "--device", "cpu", "--devices-per-node", "2",
-                          "--device-memory-gb", "4", "--global-batch", "16"],
-                         capture_output=True, text=True, check=True, cwd=REPO).stdout
+    out = run_forked("trainers.planning.plan", [
+        "--layers", "4", "--heads", "8", "--hidden", "512", "--vocab", "1000", "--context",
+        "128", "--device", "cpu", "--devices-per-node", "2", "--device-memory-gb", "4",
+        "--global-batch", "16"]).stdout
     assert "recommended: ddp" in out
 
 
@@ -274,17 +270,14 @@ def test_the_pre_flight_prices_lora_jobs():
     assert job_candidate(cfg, "ddp", 8, "cuda").anatomy.grads == 6_815_744 * 4
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (5 * GIB, 5 * GIB))
-
-
 @pytest.mark.slow
 def test_out_of_memory_prints_the_anatomy_and_what_to_try(tmp_path):
-    cmd = [sys.executable, "-m", "trainers.ddp", "--model", "small", "--batch-size", "192",
+    # 5 GiB of address space (util-linux's prlimit): the step's activations do not fit
+    cmd = ["prlimit", f"--as={5 * GIB}", sys.executable, "-m", "trainers.ddp", "--model",
+           "small", "--batch-size", "192",
            "--steps", "2", "--output-dir", str(tmp_path), "--peak-tflops", "1",
            "--tensorboard", "false", "--eval-every", "0", "--train-samples", "256"]
-    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
-                          preexec_fn=_limit_memory, timeout=300)
+    proc = run_command(cmd)
     assert proc.returncode == 1
     assert "trainers.ddp: out of memory" in proc.stderr and "Traceback" not in proc.stderr
     assert "activations" in proc.stderr and "--activation-checkpointing" in proc.stderr

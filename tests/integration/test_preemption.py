@@ -10,20 +10,20 @@ the same command again.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.processes import Launched, run_command, start, torchrun
 from tests.support.runs import (
-    REPO,
     TINY,
     assert_same_run,
-    child_env,
     run_trainer,
     torchx_cli,
     without,
@@ -78,12 +78,13 @@ def reference(tmp_path_factory) -> Path:
     return run_dir
 
 
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+def wait_for_step(run_dir: Path, step: int, job: Launched, timeout: float = 180) -> None:
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + timeout
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= step):
-        assert proc.poll() is None, f"the job ended ({proc.returncode}) before step {step}"
-        assert time.monotonic() < deadline, f"no step {step} in {timeout} s"
+        assert job.popen.poll() is None, job.describe(
+            f"the job ended ({job.popen.returncode}) before step {step}")
+        assert time.monotonic() < deadline, job.describe(f"no step {step} in {timeout} s")
         time.sleep(0.1)
 
 
@@ -109,17 +110,16 @@ def test_signal_to_one_worker_saves_the_step_all_ranks_agree_on(tmp_path, refere
     (--max_restarts 1) restarts them in place, they resume from that step and finish as the
     uninterrupted run did, with no step lost."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--max_restarts", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-           "-m", "trainers.ddp", *ARGS, "--output-dir", str(run_dir)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    wait_for_step(run_dir, 20, proc)
-    rank1 = workers(proc.pid)[1]
-    subprocess.run(["kill", "-USR1", str(rank1)], check=True)
-    subprocess.run(["kill", "-USR1", str(rank1)], check=False)  # gone already, or saving
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-4000:]
+    job = torchrun("trainers.ddp", [*ARGS, "--output-dir", str(run_dir)], 2,
+                   options=["--max_restarts", "1"])
+    wait_for_step(run_dir, 20, job)
+    rank1 = workers(job.pid)[1]
+    os.kill(rank1, signal.SIGUSR1)
+    with contextlib.suppress(ProcessLookupError):  # gone already, or saving
+        os.kill(rank1, signal.SIGUSR1)
+    done = job.wait(300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, job.describe(f"exit {done.returncode}")
     saved = int(out.split("preempted by SIGUSR1 after step ")[1].split(":")[0])
     assert "failed (exitcode: 138)" in out  # the failure torchrun restarted
     result = summary(run_dir)
@@ -140,36 +140,30 @@ def test_torchx_cancel_or_ctrl_c_of_a_local_job_saves_and_the_same_command_resum
     command = [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd",
                "components/ddp.py:ddp", "-j", "1x2", "--", *ARGS, "--output-dir", str(run_dir)]
 
-    def start() -> subprocess.Popen:
-        return subprocess.Popen(command, cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-
-    proc = start()
+    proc = start(command, label="torchx-run-preempted")
     wait_for_step(run_dir, 20, proc)
-    assert proc.stdout is not None
-    handle = proc.stdout.readline().strip()
-    assert handle.startswith("local_cwd://"), handle
+    handle = proc.wait_for("^local_cwd://", 30).splitlines()[0].strip()
     status = torchx_cli("status", handle)
     assert "State: RUNNING" in status.stdout, status.stdout + status.stderr
     cancel = torchx_cli("cancel", handle)
     assert cancel.returncode == 0, cancel.stderr
-    _, err = proc.communicate(timeout=120)
+    proc.wait(120)
     first = summary(run_dir)
-    assert first["preempted"] == "SIGTERM", err[-4000:]
+    assert first["preempted"] == "SIGTERM", proc.describe("not preempted")
     saved = first["saved_step"]
     assert [p.name for p in find_checkpoints(run_dir / "checkpoints")] == [f"step_{saved:08d}"]
     assert torchx_cli("status", handle).returncode != 0  # gone: nothing left to report
 
-    proc = start()
+    proc = start(command, label="torchx-run-interrupted")
     wait_for_step(run_dir, saved + 20, proc)
-    proc.send_signal(signal.SIGINT)  # Ctrl-C: torchx sends SIGTERM to the job's processes
-    _, err = proc.communicate(timeout=120)
+    proc.popen.send_signal(signal.SIGINT)  # Ctrl-C: torchx sends SIGTERM to the job's processes
+    proc.wait(120)
     second = summary(run_dir)
-    assert (second["preempted"], second["resumed_from_step"]) == ("SIGTERM", saved), err[-4000:]
+    assert (second["preempted"], second["resumed_from_step"]) == ("SIGTERM", saved), \
+        proc.describe("not preempted")
     assert second["saved_step"] > saved and second["steps_lost"] <= 1
 
-    rerun = subprocess.run(command, cwd=REPO, env=child_env(), capture_output=True, text=True,
-                           timeout=300)
+    rerun = run_command(command)
     assert "Job finished: SUCCEEDED" in rerun.stderr, rerun.stderr[-4000:]
     result = summary(run_dir)
     assert (result["resumed_from_step"], result["preempted"]) == (second["saved_step"], None)

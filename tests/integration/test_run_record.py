@@ -12,13 +12,13 @@ import os
 import pty
 import re
 import struct
-import subprocess
 import sys
 import termios
 
 import pytest
 
-from tests.support.runs import REPO, TINY, child_env
+from tests.support.processes import start
+from tests.support.runs import REPO, TINY
 from trainers.core.loop import lr_factor
 from trainers.core.metrics import MetricsWriter, format_line
 from trainers.options.train_config import TrainConfig
@@ -112,14 +112,11 @@ def test_a_run_on_a_real_terminal_draws_the_bar_below_whole_lines(tmp_path):
     # 24 rows of 120 columns: a new pseudo-terminal has none, and tqdm draws no bar in 0 columns
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
     args = [*TINY, "--output-dir", str(tmp_path)]  # 8 steps
-    with open(tmp_path / "stderr", "wb") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "trainers.ddp", *args], cwd=REPO,
-                                env=child_env(), stdin=subprocess.DEVNULL, stdout=terminal,
-                                stderr=stderr)
+    proc = start([sys.executable, "-m", "trainers.ddp", *args], stdout=terminal)
     os.close(terminal)
     text = _read_all(controller).decode()
     os.close(controller)
-    assert proc.wait(timeout=300) == 0, (tmp_path / "stderr").read_text()[-3000:]
+    proc.wait(300, check=True)
     lines = re.split(r"[\r\n]+", text)
     bar = re.compile(r"\s*\d+%\|.*\| \d/8 \[.*(step/s|s/step), loss=5\.\d{4}\]$")
     bars = [line for line in lines if bar.match(line)]

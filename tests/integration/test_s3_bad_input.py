@@ -6,13 +6,12 @@ folder named after the URL (``s3:``), which a URL once silently became. The subm
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.runs import child_env
+from tests.support.processes import run_command, run_forked
 from tests.support.s3 import Bucket
 
 # What makes a process find no credentials anywhere (no variables, files or instance role).
@@ -28,16 +27,12 @@ def refuse(cwd: Path, output_dir: str, env: dict[str, str | None],
            without_s3fs: bool = False) -> str:
     """The one line ``python -m trainers.ddp --output-dir output_dir`` exits 2 with, run in
     ``cwd`` with ``env`` changed (None removes a variable); asserts nothing was written there."""
-    child = child_env()
-    for name, value in env.items():
-        if value is None:
-            child.pop(name, None)
-        else:
-            child[name] = value
-    start = ["-c", WITHOUT_S3FS] if without_s3fs else ["-m", "trainers.ddp"]
-    proc = subprocess.run([sys.executable, *start, "--model", "tiny", "--steps", "2",
-                           "--output-dir", output_dir], cwd=cwd, env=child,
-                          capture_output=True, text=True, timeout=120)
+    args = ["--model", "tiny", "--steps", "2", "--output-dir", output_dir]
+    if without_s3fs:  # a real interpreter: the preloaded one may have imported s3fs
+        proc = run_command([sys.executable, "-c", WITHOUT_S3FS, *args], cwd=cwd, env=env,
+                           timeout=120)
+    else:
+        proc = run_forked("trainers.ddp", args, cwd=cwd, env=env, timeout=120, check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stdout == "" and list(cwd.iterdir()) == [], proc.stdout
     (line,) = proc.stderr.strip().splitlines()

@@ -9,19 +9,17 @@ skipped on resume and never left behind.
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
+import signal
 from pathlib import Path
 
 import fsspec
 import pytest
 
+from tests.support.processes import torchrun
 from tests.support.runs import (
     REPO,
     TINY,
     assert_same_run,
-    child_env,
     losses,
     run_trainer,
     torchx_cli,
@@ -96,20 +94,14 @@ def test_sigterm_saves_to_the_bucket_and_the_restart_loses_at_most_one_step(s3, 
     args = [*without(ARGS, "--steps", "--checkpoint-every"), "--steps", "40",
             "--checkpoint-every", "0"]
     long_reference = tmp_path / "long-reference"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--max_restarts", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-           "-m", "trainers.fsdp", *args, "--output-dir", s3.url("preempted")]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    before = []  # the lines up to the kill: a first attempt that died early ends there
-    for line in proc.stdout:  # rank 0's step lines: the run is well under way at step 10
-        before.append(line)
-        if re.match(r"step +10/40 ", line):
-            break
-    subprocess.run(["pkill", "-TERM", "-f", "-P", str(proc.pid), "trainers.fsdp"], check=False)
-    out = proc.communicate(timeout=300)[0]
-    assert proc.returncode == 0, attempts_ends("".join(before) + out)[-12000:]
+    job = torchrun("trainers.fsdp", [*args, "--output-dir", s3.url("preempted")], 2,
+                   options=["--max_restarts", "1"])
+    job.wait_for(r"step +10/40 ", 180)  # rank 0's step lines: the run is well under way
+    for worker in job.popen_children():
+        worker.send_signal(signal.SIGTERM)
+    done = job.wait(300)
+    out = done.stdout
+    assert done.returncode == 0, job.describe(f"exit {done.returncode}")
     assert "preempted by SIGTERM after step " in out, out[-4000:]
     saved = int(out.split("preempted by SIGTERM after step ")[1].split(":")[0])
     local = fetch(s3.url("preempted"), tmp_path / "preempted")

@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -22,7 +20,8 @@ import pytest
 import torch
 
 from tests.integration.test_data_sources import command, documents, word_level_tokenizer
-from tests.support.runs import REPO, TINY, assert_close, child_env, losses, run_trainer
+from tests.support.processes import run_forked
+from tests.support.runs import TINY, assert_close, losses, run_trainer
 from trainers.config.parsing import parse_config
 from trainers.core.batch_stream import BatchStream
 from trainers.core.data import TokenFileDataset, tokenized_text
@@ -253,9 +252,8 @@ def test_a_missing_tokenizer_object_is_refused_in_one_line(s3, tmp_path):
 
 def test_the_trainer_command_refuses_a_glob_matching_nothing_in_one_line(s3, tmp_path):
     url = s3.url("corpus/*.jsonl")
-    proc = subprocess.run([sys.executable, "-m", "trainers.ddp", *TINY, "--data", url,
-                           "--output-dir", str(tmp_path / "run")], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = run_forked("trainers.ddp", [*TINY, "--data", url, "--output-dir",
+                                       str(tmp_path / "run")], timeout=120, check=False)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == (f"trainers.ddp: error: --data {url}: the glob matches no files; pass "
                            "a pattern that matches .txt, .jsonl or .parquet files\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from torchx.runner import get_runner
 from components.ddp import ddp
 from components.errors import ComponentArgumentError
 from components.schedulers.submit import SubmitChecks
+from tests.support.processes import run_command
 from tests.support.runs import REPO, torchx_cli
 
 DDP = f"{REPO}/components/ddp.py:ddp"
@@ -170,11 +172,13 @@ def test_torchx_run_refuses_a_missing_bucket_in_one_line(s3, tmp_path):
 ], ids=["s3fs-not-installed", "unknown-scheme"])
 def test_torchx_run_dryrun_refuses_what_no_store_can_serve(tmp_path, value, message):
     """Even a dry run: the scheme is the component's to check, with no bucket reached. s3fs
-    is hidden from the CLI's interpreter by a ``sitecustomize`` (``import s3fs`` fails)."""
+    is hidden from the CLI's interpreter by a ``sitecustomize`` (``import s3fs`` fails): a new
+    interpreter, not one forked from the preloaded process."""
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['s3fs'] = None\n")
-    proc = torchx_cli("run", "--dryrun", "-s", "kubernetes", "--workspace", "", "-cfg",
-                      "queue=q", DDP, "-j", "2x1", "--", *TRAIN, "--output-dir", value,
-                      env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}, timeout=120)
+    proc = run_command([sys.executable, "-m", "torchx.cli.main", "run", "--dryrun", "-s",
+                        "kubernetes", "--workspace", "", "-cfg", "queue=q", DDP, "-j", "2x1",
+                        "--", *TRAIN, "--output-dir", value],
+                       env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}, timeout=120)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == f" trainers.ddp: {message}"
     assert "SCHEDULER REQUEST" not in proc.stdout and "Traceback" not in proc.stderr

@@ -6,7 +6,6 @@ data check on real repeated data; the component's checks before scheduling."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +14,8 @@ import pytest
 
 from components.errors import ComponentArgumentError
 from components.scaling import scaling
-from tests.support.runs import REPO, child_env, torchx_cli
+from tests.support.processes import run_command, run_forked
+from tests.support.runs import torchx_cli
 from trainers.config.parsing import parse_config
 from trainers.scaling.measure import duplicated_sequences
 from trainers.sizing.step_breakdown import Breakdown
@@ -47,9 +47,8 @@ def check_report(out: Path, names: list[str], devices: list[int]) -> dict:
 
 def test_one_and_two_processes_are_measured_and_split_into_their_parts(tmp_path):
     out = tmp_path / "scaling"
-    proc = subprocess.run([sys.executable, "-m", "trainers.scaling", "--nproc", "2", *STEPS,
-                           "--output-dir", str(out), "--", *TRAINER], cwd=REPO,
-                          env=child_env(), capture_output=True, text=True, timeout=300)
+    proc = run_command([sys.executable, "-m", "trainers.scaling", "--nproc", "2", *STEPS,
+                        "--output-dir", str(out), "--", *TRAINER])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     check_report(out, ["1 process", "2 processes"], [1, 2])
     assert "| 2 processes | 2 |" in proc.stdout and "pitfalls:" in proc.stdout
@@ -62,6 +61,7 @@ def test_one_and_two_processes_are_measured_and_split_into_their_parts(tmp_path)
         assert "step 8/8" in (out / run / "launch-node0.log").read_text()
 
 
+@pytest.mark.slow
 def test_the_component_measures_two_nodes_under_local_cwd(tmp_path):
     out = tmp_path / "scaling"
     stale = out / "nodes2x1"  # an earlier measurement's run: removed before this one runs
@@ -115,10 +115,9 @@ def test_the_job_runs_the_measurement_on_every_node():
 
 def test_a_run_that_fails_ends_the_measurement_with_its_log(tmp_path):
     out = tmp_path / "scaling"
-    env = {**child_env(), "TRAINERS_KILL_AT": "0:3"}  # the first run, 1 process, dies
-    proc = subprocess.run([sys.executable, "-m", "trainers.scaling", *STEPS, "--output-dir",
-                           str(out), "--", *TRAINER], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = {"TRAINERS_KILL_AT": "0:3"}  # the first run, 1 process, dies
+    proc = run_command([sys.executable, "-m", "trainers.scaling", *STEPS, "--output-dir",
+                        str(out), "--", *TRAINER], env=env)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         f"trainers.scaling: error: the 1 process run failed (exit 1); its log is "
@@ -132,9 +131,8 @@ def test_a_directory_no_measurement_wrote_is_kept(tmp_path):
     mine = tmp_path / "scaling" / "nproc1"
     mine.mkdir(parents=True)
     (mine / "notes.txt").write_text("mine\n")
-    proc = subprocess.run([sys.executable, "-m", "trainers.scaling", *STEPS, "--output-dir",
-                           str(tmp_path / "scaling"), "--", *TRAINER], cwd=REPO,
-                          env=child_env(), capture_output=True, text=True, timeout=300)
+    proc = run_forked("trainers.scaling", [*STEPS, "--output-dir", str(tmp_path / "scaling"),
+                                           "--", *TRAINER], check=False)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == (f"trainers.scaling: error: {mine} exists and holds no "
                            "trainers.scaling run; pass another --output-dir\n")

@@ -19,6 +19,7 @@ from components.schedulers.local.cwd import LocalCwdScheduler
 from components.schedulers.local.docker_engine import DockerScheduler
 from components.schedulers.slurm import ExtendedSlurmScheduler
 from components.schedulers.torchx_workarounds import builtin_schedulers
+from tests.support.processes import run_command
 from tests.support.runs import REPO, losses, torchx_cli
 
 OURS = {"local_cwd": LocalCwdScheduler, "local_docker": DockerScheduler,
@@ -94,15 +95,12 @@ def test_torchx_by_path_without_an_activated_venv_runs_the_job(tmp_path):
     bin_dir = Path(sys.executable).parent
     path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
                            if Path(p).resolve() != bin_dir.resolve())
-    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {
-        "PATH": path, "HOME": str(tmp_path)}
-    import subprocess
-
+    env = {"VIRTUAL_ENV": None, "PATH": path, "HOME": str(tmp_path)}
     out = tmp_path / "run"
-    proc = subprocess.run(
+    proc = run_command(
         [str(bin_dir / "torchx"), "run", f"{REPO}/components/ddp.py:ddp", "-j", "1x1",
          "--", "--model", "tiny", "--steps", "3", "--output-dir", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(losses(out)) == [1, 2, 3]
 

