@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from tests.support.component_runs import COMPONENTS
+from tests.support.component_runs import COMPONENTS, by_component
 from tests.support.processes import run_forked
 from tests.support.runs import torchx_cli
 
 
-@pytest.mark.parametrize("component", COMPONENTS)
+@pytest.mark.parametrize("component", by_component())
 def test_component_on_local_cwd(component_runs, component):
     """The job succeeds on every rank of its -j, the loss and the eval loss fall, and the run
     holds its last checkpoint, TensorBoard events and a metrics line per step."""

@@ -50,6 +50,7 @@ def test_micro_batch_is_global_over_accumulation_and_replicas(tmp_path):
     (["--lr", "0"], "--lr must be positive"),
     (["--lr=-1e-3"], "--lr must be positive"),
     (["--grad-accum", "0"], "--grad-accum must be positive"),
+    (["--pg-timeout=-5"], r"--pg-timeout must be >= 0 seconds \(0: torch's default\), got -5"),
     (["--seq-len", "65"], "exceeds the tiny model's context of 64"),
     (["--dtype", "fp8"], "invalid choice: 'fp8'"),
     (["--steps", "ten"], "invalid int value: 'ten'"),

@@ -56,7 +56,8 @@ def records(group_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-@pytest.mark.parametrize("trainer", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["ddp", "fsdp"])
 def test_replica_groups_step_as_the_trainer_over_all_their_ranks(tmp_path, trainer,
                                                                  ddp_two_ranks):
     """2 groups x 2 ranks (min_replicas 2: both in every quorum; FSDP sharded over a group)

@@ -33,6 +33,7 @@ def test_a_hung_forked_run_shows_every_ranks_stack_and_leaves_nothing():
     assert live_launched() == []
 
 
+@pytest.mark.slow
 def test_a_hung_torchrun_run_shows_every_ranks_stack_and_leaves_nothing():
     """torchrun's workers run in sessions of their own: the deadline finds and aborts them."""
     job = torchrun(HANG, ["hang"], 2)
@@ -48,6 +49,7 @@ def test_a_hung_torchrun_run_shows_every_ranks_stack_and_leaves_nothing():
     assert live_launched() == []
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_is_named_with_its_traceback_in_torchruns_summary(tmp_path):
     proc = run_trainer([*TINY, "--model", f"{HANG}:RAISES_ON_RANK_1", "--output-dir",
                         str(tmp_path)], nproc=2, launcher="torchrun", check=False)
@@ -77,3 +79,20 @@ def test_a_test_that_leaves_a_process_running_fails(tmp_path):
     assert re.search(r"test_leaves.py::test_leaves_a_sleeper left 1 process\(es\) running "
                      r"\(killed now\):\n\d+: sleep 60", proc.stdout), proc.stdout
     assert "1 passed, 1 error" in proc.stdout
+
+
+def test_pg_timeout_sets_every_later_group_s_default(monkeypatch):
+    """``--pg-timeout`` is the world's timeout and the default of the groups formed after it
+    (``new_group`` would otherwise take torch's backend default); 0 leaves torch's."""
+    import torch.distributed as dist
+
+    from trainers.config.parsing import parse_config
+    from trainers.core.distributed import pg_timeout
+
+    c10d = dist.distributed_c10d
+    monkeypatch.setattr(c10d, "default_pg_timeout", c10d.default_pg_timeout)
+    monkeypatch.setattr(c10d, "default_pg_nccl_timeout", c10d.default_pg_nccl_timeout)
+    assert pg_timeout(parse_config(["--device", "cpu"], "ddp")) is None
+    timeout = pg_timeout(parse_config(["--device", "cpu", "--pg-timeout", "90"], "ddp"))
+    assert timeout.total_seconds() == 90
+    assert c10d._get_default_timeout("gloo") == timeout

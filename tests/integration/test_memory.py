@@ -43,6 +43,7 @@ SINGLE_PROCESS_CASES = [(name, checkpointing, dtype)
                         for dtype in (("fp32", "bf16") if "tiny" in name else ("fp32",))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, checkpointing, dtype", SINGLE_PROCESS_CASES)
 def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
     cfg = parse_config(["--model", name], "ddp", world_sizes=[1], check_paths=False)
@@ -64,6 +65,7 @@ def test_single_process_step_matches_the_formulas(name, checkpointing, dtype):
     assert held <= measured.peak < 2 * predicted.total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny", "llama-tiny"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("targets", ["", "wq,down,head"])
@@ -215,6 +217,7 @@ def test_unknown_sharding_is_refused():
         Layout("zero4")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, seq", [("tiny", 64), ("small", 128)])
 @pytest.mark.parametrize("attention, window", [("naive", 256), ("tiled", 256),
                                                ("sliding_window", 64), ("linear", 256)])

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support.component_runs import COMPONENTS
+from tests.support.component_runs import COMPONENTS, by_component
 from tests.support.runs import TINY, one_line_error, run_trainer
 from trainers.options.trainer_table import TRAINERS
 from trainers.runs.checkpoint_files import MANIFEST, find_checkpoints
@@ -162,7 +162,7 @@ def test_the_component_runs_cover_every_trainer():
     assert COMPONENTS.keys() == TRAINERS.keys()
 
 
-@pytest.mark.parametrize("trainer", COMPONENTS)
+@pytest.mark.parametrize("trainer", by_component())
 def test_every_trainers_checkpoint_samples_and_exports(component_runs, tmp_path, capsys,
                                                        monkeypatch, trainer):
     """Sharded, stage-split or spread, the checkpoint of each component's run joins into the

@@ -45,6 +45,7 @@ def check_report(out: Path, names: list[str], devices: list[int]) -> dict:
     return report
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_are_measured_and_split_into_their_parts(tmp_path):
     out = tmp_path / "scaling"
     proc = run_command([sys.executable, "-m", "trainers.scaling", "--nproc", "2", *STEPS,
@@ -113,6 +114,7 @@ def test_the_job_runs_the_measurement_on_every_node():
     assert "--rdzv-endpoint $${${rank0_env}:=localhost}:29511 -- --model tiny" in command
 
 
+@pytest.mark.slow
 def test_a_run_that_fails_ends_the_measurement_with_its_log(tmp_path):
     out = tmp_path / "scaling"
     env = {"TRAINERS_KILL_AT": "0:3"}  # the first run, 1 process, dies

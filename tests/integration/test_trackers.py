@@ -78,6 +78,7 @@ def _killed_then_resumed(run_dir: Path, tracker: str, env: dict[str, str]) -> No
     assert json.loads((run_dir / "trackers.json").read_text()) == ids  # the same tracker run
 
 
+@pytest.mark.slow
 def test_mlflow_run_equals_metrics_jsonl_across_a_resume(tmp_path, mlflow_uri):
     from mlflow.tracking import MlflowClient
 

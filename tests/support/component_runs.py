@@ -23,6 +23,15 @@ COMPONENTS: dict[str, tuple[str, list[str]]] = {
     "pipeline": ("1x2", ["--pp", "2", "--schedule", "interleaved1f1b", "--virtual-stages", "2"]),
     "model_parallel": ("1x1", ["--devices", "cpu,cpu"]),
 }
+
+
+def by_component() -> list:
+    """COMPONENTS as pytest parameters: ddp's run in README's tier, the others' in the slow
+    tier (each a torchx run of its own: minutes on 2 cores)."""
+    return [name if name == "ddp" else pytest.param(name, marks=pytest.mark.slow)
+            for name in COMPONENTS]
+
+
 E2E_ARGS = ["--model", "tiny", "--steps", "40", "--batch-size", "16", "--eval-every", "20"]
 
 

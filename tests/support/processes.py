@@ -15,8 +15,8 @@
   processes run with Python's fault handler on, so each prints its threads' stacks), then
   SIGKILL; the error shows each process's output, labelled, and where the files are.
 - A test that leaves a launched process alive fails (the plugin part below), and the launches
-  of each test module are counted against ``tests/launches.json``: a change that launches more
-  updates that table on purpose.
+  of each unit and integration test module are counted against ``tests/launches.json``: a
+  change that launches more updates that table on purpose.
 """
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH_TABLE = REPO / "tests" / "launches.json"
+# The tiers whose launches the table holds. The system tier's helpers for its services
+# (podman, the Slurm commands, Ray) still start some processes themselves; its launches through
+# this module are reported (TTX_LAUNCH_REPORT) but not held to the table yet.
+COUNTED = ("tests/unit/", "tests/integration/")
 MARKER = "TTX_TEST_LAUNCH"
 TAIL_CHARS = 3000
 ABORT_GRACE_S = 5.0  # how long aborted processes get to write their stacks and exit
@@ -565,9 +569,12 @@ def launch_counts() -> dict[str, dict[str, int]]:
 
 
 def over_table(counts: dict[str, dict[str, int]], table: dict[str, dict[str, int]]) -> list[str]:
-    """Each module of ``counts`` that launched more than ``table`` allows it, as a line."""
+    """Each module of ``counts`` under :data:`COUNTED` that launched more than ``table`` allows
+    it, as a line."""
     over = []
     for module, kinds in counts.items():
+        if not module.startswith(COUNTED):
+            continue
         for kind, n in kinds.items():
             allowed = table.get(module, {}).get(kind, 0)
             if n > allowed:
