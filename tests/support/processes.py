@@ -162,8 +162,9 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
-def marked_processes(prefix: str) -> list[psutil.Process]:
-    """Live processes whose environment holds a launch marker starting with ``prefix``."""
+def marked_processes(prefix: str | tuple[str, ...]) -> list[psutil.Process]:
+    """Live processes whose environment holds a launch marker starting with ``prefix`` (or
+    any of several): one pass over the process table."""
     found = []
     for proc in psutil.process_iter():
         try:
@@ -556,8 +557,9 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
 
 def live_launched() -> list[psutil.Process]:
     """The live processes of the launches this test made so far."""
-    found = {proc.pid: proc for marker in _CURRENT.markers for proc in marked_processes(marker)}
-    found.update({proc.pid: proc for proc in tree(_CURRENT.pids)})
+    found = {proc.pid: proc for proc in tree(_CURRENT.pids)}
+    if _CURRENT.markers:
+        found.update({proc.pid: proc for proc in marked_processes(tuple(_CURRENT.markers))})
     return list(found.values())
 
 
