@@ -1,9 +1,11 @@
 """The test harness explains its failures: a hung run shows every rank's stack and leaves no
-process, a rank's error is named in torchrun's summary, ``--pg-timeout`` turns a hung
-collective into an error, and a test that leaves a process running fails."""
+process, a forked rank starts its children as a cold interpreter does, a rank's error is named
+in torchrun's summary, ``--pg-timeout`` turns a hung collective into an error, and a test that
+leaves a process running fails."""
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 import sys
 import textwrap
@@ -31,6 +33,13 @@ def test_a_hung_forked_run_shows_every_ranks_stack_and_leaves_nothing():
     assert "in barrier" in sections["rank0.stderr"] and STACK in sections["rank0.stderr"]
     assert "in hang" in sections["rank1.stderr"] and STACK in sections["rank1.stderr"]
     assert live_launched() == []
+
+
+def test_a_forked_rank_starts_its_children_as_a_cold_interpreter_does():
+    """The default start method is the platform's, not the forkserver's that forked the rank:
+    a DataLoader's workers fork from the rank instead of starting a server of their own."""
+    proc = run_forked("tests.support.workers.start_method", [], nproc=2)
+    assert proc.stdout.split() == [multiprocessing.get_all_start_methods()[0]] * 2
 
 
 @pytest.mark.slow

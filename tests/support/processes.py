@@ -388,6 +388,11 @@ def _rank_main(spec: RankSpec) -> None:
     os.environ.clear()
     os.environ.update(spec.env)
     os.chdir(spec.cwd)
+    # multiprocessing made "forkserver" this process's default start method (a forkserver
+    # child's bootstrap forces its own); a cold interpreter's default is the platform's, so
+    # that a DataLoader's workers fork from the rank rather than start a forkserver of their
+    # own (cold imports, and a server that outlives the rank by a moment)
+    multiprocessing.set_start_method(None, force=True)
     _renew_import_time_state()
     faulthandler.enable(all_threads=True)
     import torch
