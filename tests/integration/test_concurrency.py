@@ -1,4 +1,4 @@
-"""Jobs started at the same moment do not interfere: four single-node and two multi-node
+"""Jobs started at the same moment do not interfere: two single-node and two multi-node
 ``local_cwd`` jobs on this host, each succeed in a run directory of its own (two two-node jobs
 at once on the Slurm cluster: tests/system/test_slurm.py).
 
@@ -74,20 +74,16 @@ def assert_separate_runs(cwd: Path, results: list[tuple[str, str, str]], world_s
 
 
 @pytest.mark.slow
-def test_four_single_node_jobs_at_once_on_one_host(tmp_path):
+def test_single_and_multi_node_jobs_at_once_on_one_host(tmp_path):
+    """Two single-node and two two-node jobs started together: each its own run directory, and
+    each two-node job its own rendezvous port (local_cwd runs both "nodes" of a job here: on
+    one fixed port the second job's agents would join the first job's store and fail when the
+    first job exits)."""
     results = run_concurrently(tmp_path, [("ddp", "1x2"), ("fsdp", "1x2"),
-                                          ("ddp", "1x2"), ("fsdp", "1x2")])
-    assert_separate_runs(tmp_path, results, world_size=2)
-
-
-@pytest.mark.slow
-def test_two_multi_node_jobs_at_once_on_one_host(tmp_path):
-    """local_cwd runs both "nodes" of each job here: on one fixed port the second job's agents
-    would join the first job's store and fail when the first job exits."""
-    results = run_concurrently(tmp_path, [("ddp", "2x1"), ("fsdp", "2x1")])
+                                          ("ddp", "2x1"), ("fsdp", "2x1")])
     assert_separate_runs(tmp_path, results, world_size=2)
     ports = []
-    for _, _, stderr in results:
+    for _, _, stderr in results[2:]:
         endpoints = set(ENDPOINT.findall(stderr))
         assert len(endpoints) == 1, stderr[-4000:]
         (port,) = endpoints
