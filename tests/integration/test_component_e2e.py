@@ -1,4 +1,5 @@
-"""End to end: ``torchx run -s local_cwd`` of each component trains and its loss falls."""
+"""End to end: ``torchx run -s local_cwd`` of each component trains and its loss falls; an
+HF model on a JSONL directory with its own tokenizer trains and samples."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from tests.support.component_runs import COMPONENTS, by_component
 from tests.support.processes import run_forked
-from tests.support.runs import torchx_cli
+from tests.support.runs import run_trainer, torchx_cli
 
 
 @pytest.mark.parametrize("component", by_component())
@@ -43,8 +44,9 @@ def test_component_with_bad_arguments_schedules_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_hf_model_on_a_jsonl_directory_with_a_trained_tokenizer(tmp_path):
-    """``hf:DIR`` + a directory of .jsonl files + a tokenizer.json trained on them, through
-    ``torchx run -s local_cwd`` under fsdp; then sampling from the run decodes through it."""
+    """``hf:DIR`` + a directory of .jsonl files + a tokenizer.json trained on them, under fsdp
+    on 2 ranks (forked: the fsdp component's launch is test_component_on_local_cwd[fsdp]'s);
+    then sampling from the run decodes through it."""
     pytest.importorskip("transformers")
     from trainers.models.huggingface import tiny_llama_config
 
@@ -61,12 +63,10 @@ def test_hf_model_on_a_jsonl_directory_with_a_trained_tokenizer(tmp_path):
     train_tokenizer([str(corpus), "--vocab-size", "300", "--output", str(tokenizer)])
     model = tiny_llama_config(tmp_path / "hf", vocab_size=300)
     run_dir = tmp_path / "run"
-    proc = torchx_cli("run", "-s", "local_cwd", "components/fsdp.py:fsdp", "-j", "1x2", "--",
-                      "--model", f"hf:{model}", "--data", str(corpus), "--tokenizer",
-                      str(tokenizer), "--steps", "30", "--batch-size", "8",
-                      "--activation-checkpointing", "--eval-every", "15",
-                      "--output-dir", str(run_dir))
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_trainer(["--model", f"hf:{model}", "--data", str(corpus), "--tokenizer", str(tokenizer),
+                 "--steps", "30", "--batch-size", "8", "--activation-checkpointing",
+                 "--eval-every", "15", "--output-dir", str(run_dir)],
+                nproc=2, module="trainers.fsdp")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_loss"] < summary["first_loss"] - 1.0
     sample = run_forked("trainers.tools.sample", [str(run_dir), "--prompt", "the model",

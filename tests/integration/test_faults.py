@@ -35,9 +35,11 @@ def run_component(component: str, run_dir: Path, extra: list[str], *options: str
 
 @pytest.fixture(scope="module")
 def ddp_reference(tmp_path_factory) -> Path:
-    """An uninterrupted ``run_component("ddp")`` run, shared by the crash tests."""
+    """The crash tests' run uninterrupted: its 2 ranks forked (the numbers a torchrun launch
+    gives; launching and restarting are the crash tests' own subject), shared by them."""
     run_dir = tmp_path_factory.mktemp("ddp") / "reference"
-    run_component("ddp", run_dir, [])
+    run_trainer([*without(TINY, "--steps", "--resume"), *STEPS, "--output-dir", str(run_dir)],
+                nproc=2)
     return run_dir
 
 
