@@ -59,6 +59,7 @@ COUNTED = ("tests/unit/", "tests/integration/")
 MARKER = "TTX_TEST_LAUNCH"
 TAIL_CHARS = 3000
 ABORT_GRACE_S = 5.0  # how long aborted processes get to write their stacks and exit
+EXITING_GRACE_S = 2.0  # how long a test's last processes get to end on their own
 # What the forked processes' parent imports once: torch, every trainer (with the loop, the
 # models, the parallelisms and DCP they import), and TorchX's CLI with our components.
 PRELOAD = ["torch", "trainers.ddp", "trainers.fsdp", "trainers.tensor_parallel",
@@ -542,7 +543,10 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     result = yield
     _by_module.setdefault(_module_of(item.nodeid), Counter()).update(_CURRENT.launches)
-    left = {proc.pid: proc for proc in live_launched()}
+    # a process already on its way out (a server whose parent just exited sees its pipe
+    # close) is not left behind: it gets EXITING_GRACE_S to go
+    _, alive = psutil.wait_procs(live_launched(), timeout=EXITING_GRACE_S)
+    left = {proc.pid: proc for proc in alive}
     _CURRENT.markers.clear()
     _CURRENT.pids.clear()
     if left:
