@@ -3,10 +3,9 @@
 The same trainer run (``trainers.ddp``, the tiny model, a few steps) on 1 and 2 ranks, started
 the way a user starts it (``python -m``, ``torchrun`` for 2 ranks) and forked from the tests'
 preloaded process (``tests.support.processes.run_forked``: torch and the trainers already
-imported; the process is started by an untimed run first), in rotating order over
-``rounds``. Reports the median wall time of each and the
-ratio cold/forked, with the steps' own share (the trainer's summed step times), and checks
-that both launchers train the same losses bit for bit.
+imported; the process is started by an untimed run first), in rotating order over ``rounds``.
+Reports the median wall time of each and the ratio cold/forked, with the steps' own share (the
+trainer's summed step times), and checks that both launchers train the same losses bit for bit.
 
     python -m bench.launch_cost            # 3 rounds
     python -m bench.launch_cost --quick    # 1 round, smoke check
@@ -27,6 +26,7 @@ from tests.support.processes import log_root, run_forked
 QUICK = {"rounds": 1, "steps": 4}
 OVERRIDES = {"rounds": 1, "steps": 2}
 LAUNCHERS = ("cold", "forked")
+STRICT = True  # a loss that differs between the launchers fails the run
 
 
 @dataclass
@@ -101,8 +101,6 @@ def table(report: dict[str, Any]) -> str:
                       f"starting the preloaded process (once a session, with its first run): "
                       f"{report['preload_s']:.2f} s"])
 
-
-STRICT = True
 
 if __name__ == "__main__":
     raise SystemExit(harness.main())
