@@ -11,9 +11,11 @@ Each test's tier is the folder it lives in, given to it as a marker of that name
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.support.runs import TINY, losses, run_trainer
 
@@ -23,6 +25,14 @@ pytest_plugins = ["pytester", "tests.support.processes", "tests.support.slurm",
 
 TIERS = ("unit", "integration", "system")
 TESTS = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, one torch thread per worker (as for every process a test starts,
+    tests/support/processes.py): the workers share the cores, and torch's default of a thread
+    per core in each, spinning between operations, costs more than it computes."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

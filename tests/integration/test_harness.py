@@ -1,10 +1,12 @@
 """The test harness explains its failures: a hung run shows every rank's stack and leaves no
 process, a forked rank starts its children as a cold interpreter does, a rank's error is named
-in torchrun's summary, ``--pg-timeout`` turns a hung collective into an error, and a test that
-leaves a process running fails."""
+in torchrun's summary, ``--pg-timeout`` turns a hung collective into an error, a test that
+leaves a process running fails, and so does a module that launches more than
+tests/launches.json allows it, counted over every pytest-xdist worker."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import re
 import sys
@@ -12,7 +14,13 @@ import textwrap
 
 import pytest
 
-from tests.support.processes import live_launched, run_command, run_forked, torchrun
+from tests.support.processes import (
+    LAUNCH_TABLE,
+    live_launched,
+    run_command,
+    run_forked,
+    torchrun,
+)
 from tests.support.runs import TINY, run_trainer
 from tests.support.workers.faulty import MESSAGE
 
@@ -88,6 +96,24 @@ def test_a_test_that_leaves_a_process_running_fails(tmp_path):
     assert re.search(r"test_leaves.py::test_leaves_a_sleeper left 1 process\(es\) running "
                      r"\(killed now\):\n\d+: sleep 60", proc.stdout), proc.stdout
     assert "1 passed, 1 error" in proc.stdout
+
+
+def test_launches_over_the_table_fail_the_run_counted_over_every_worker(tmp_path):
+    """A module allowed one launch whose four tests launch one each, run by two pytest-xdist
+    workers: the run fails, naming the module and all four launches."""
+    module = next(name for name, kinds in json.loads(LAUNCH_TABLE.read_text()).items()
+                  if kinds.get("launched") == 1)
+    path = tmp_path / module
+    path.parent.mkdir(parents=True)
+    path.write_text("from tests.support.processes import run_command\n" + "".join(
+        f"\ndef test_{n}():\n    run_command(['true'], check=True)\n" for n in range(4)))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    proc = run_command([sys.executable, "-m", "pytest", "-p", "tests.support.processes",
+                        "-p", "no:cacheprovider", "-n", "2", "--dist", "load", module],
+                       cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1, proc.stdout
+    assert "4 passed" in proc.stdout, proc.stdout
+    assert f"{module}: 4 launched (tests/launches.json allows 1)" in proc.stdout, proc.stdout
 
 
 def test_pg_timeout_sets_every_later_group_s_default(monkeypatch):

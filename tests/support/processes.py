@@ -594,12 +594,38 @@ def over_table(counts: dict[str, dict[str, int]], table: dict[str, dict[str, int
 
 
 _summary: list[str] = []
+# pytest-xdist: each worker sends its session's launch counts and kept log folder to the
+# controller (config.workeroutput), which holds them to the table once for the whole run.
+_WORKER_COUNTS, _WORKER_LOGS = "ttx_launch_counts", "ttx_log_root"
+_worker_logs: list[str] = []
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """On the controller: add a finished worker's launch counts and kept log folder."""
+    output = getattr(node, "workeroutput", {})
+    for module, kinds in json.loads(output.get(_WORKER_COUNTS, "{}")).items():
+        _by_module.setdefault(module, Counter()).update(kinds)
+    if output.get(_WORKER_LOGS):
+        _worker_logs.append(output[_WORKER_LOGS])
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session when a module launched more than tests/launches.json allows (update
     it on purpose: a reviewer sees the cost); remove the launch outputs of a passing run.
-    With ``TTX_LAUNCH_REPORT`` set, write this session's counts there (JSON)."""
+    With ``TTX_LAUNCH_REPORT`` set, write this session's counts there (JSON). Under
+    pytest-xdist the workers hand both to the controller, which does this for the run."""
+    keep_logs = _log_root is not None and session.exitstatus != 0
+    if _log_root is not None and not keep_logs:
+        shutil.rmtree(_log_root, ignore_errors=True)
+    if _is_worker(session.config):
+        session.config.workeroutput[_WORKER_COUNTS] = json.dumps(launch_counts())
+        session.config.workeroutput[_WORKER_LOGS] = str(_log_root) if keep_logs else ""
+        return
     counts = launch_counts()
     table = json.loads(LAUNCH_TABLE.read_text()) if LAUNCH_TABLE.exists() else {}
     over = over_table(counts, table)
@@ -611,10 +637,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _summary.extend("  " + line for line in over)
         if session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    if _log_root is not None and session.exitstatus == 0:
-        shutil.rmtree(_log_root, ignore_errors=True)
-    elif _log_root is not None:
-        _summary.append(f"every launch's output: {_log_root}")
+    for folder in [str(_log_root)] * keep_logs + _worker_logs:
+        _summary.append(f"every launch's output: {folder}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
