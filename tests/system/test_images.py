@@ -29,8 +29,8 @@ from packaging.utils import canonicalize_name
 from components.containers import EngineError, find_engine, image_size, reference_error
 from tests.integration.test_data_sources import write_corpus
 from tests.support import jobset_local
-from tests.support.pod_runner import Eviction, run_args
-from tests.support.runs import REPO, assert_same_run, child_env, torchx_cli, without
+from tests.support.pod_runner import run_args
+from tests.support.runs import REPO, child_env, torchx_cli
 from tests.support.volcano_local import pods, run_job, scheduler_request
 from tests.unit.test_image_lock import SCRIPT as LOCK
 from trainers.formats.token_file import read_header
@@ -49,10 +49,6 @@ ONE_THREAD = ["--env", "OMP_NUM_THREADS=1"]
 TRAIN = ["--model", "tiny", "--batch-size", "8", "--steps", "8", "--warmup-steps", "2",
          "--eval-every", "0", "--log-every", "4", "--peak-tflops", "1",
          "--train-samples", "256", "--resume", "none"]
-# The rendered Kubernetes jobs train longer (steps of ~0.05 s): long enough to evict a pod
-# mid-run; --resume auto, so that a restarted job resumes.
-JOB_STEPS = 50
-JOB_TRAIN = [*without(TRAIN, "--steps", "--resume"), "--steps", str(JOB_STEPS), "--resume", "auto"]
 DOCKERFILES = sorted((REPO / "images").glob("*.Dockerfile"))
 
 
@@ -314,22 +310,6 @@ def test_image_user_and_layout(engine):
     assert size is not None and size < 1.7e9, f"{IMAGE} is {size} bytes, over 1.7 GB"
 
 
-@pytest.mark.slow
-def test_ddp_trainer_in_a_read_only_container(engine, tmp_path):
-    # As the Kubernetes pods run it: read-only root, /tmp and /dev/shm in memory, outputs on
-    # a volume.
-    tmp_path.chmod(0o777)
-    proc = subprocess.run(
-        [engine, "run", "--rm", "--read-only", "--tmpfs", "/tmp:rw,exec,mode=1777",
-         "--shm-size", "1g", "--volume", f"{tmp_path}:{OUTPUTS}", IMAGE,
-         "torchrun", "--nproc_per_node", "2", "-m", "trainers.ddp", *TRAIN,
-         "--output-dir", "outputs/run"],
-        capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    _trained(tmp_path / "run" / "summary.json", world_size=2)
-    assert (tmp_path / "run" / "checkpoints" / "step_00000008" / "manifest.json").exists()
-
-
 # pyproject.toml's dependencies whose import name is not the distribution's name in lower case
 # with "-" as "_".
 IMPORT_NAMES = {"pyyaml": "yaml", "universal-pathlib": "upath"}
@@ -356,36 +336,41 @@ def _core_imports() -> dict[str, str]:
 @pytest.mark.slow
 def test_image_has_every_dependency_and_trains_on_parquet_and_a_tokenizer(engine, tmp_path):
     """The image installs every dependency pyproject.toml declares (`pip check` passes, each
-    imports), and the trainer reads a .parquet corpus (pyarrow) and text through a
-    tokenizer.json that trainers.tools.train_tokenizer makes there (tokenizers): one read-only
-    container, the corpora written here by tests/integration/test_data_sources.py's helper."""
+    imports), and the trainer reads a .parquet corpus (pyarrow) on 2 ranks under torchrun and
+    text through a tokenizer.json that trainers.tools.train_tokenizer makes there (tokenizers):
+    one container as the Kubernetes pods run it (read-only root, /tmp and /dev/shm in memory,
+    outputs on a volume), the corpora written here by tests/integration/test_data_sources.py's
+    helper."""
     write_corpus(tmp_path, "parquet")
     write_corpus(tmp_path, "txt")
     tmp_path.chmod(0o777)
     imports = _core_imports()
     assert {"tokenizers", "pyarrow", "s3fs", "tqdm", "torch"} <= set(imports)
     train = shlex.join(["python", "-m", "trainers.ddp", *TRAIN])
+    torchrun = shlex.join(["torchrun", "--nproc_per_node", "2", "-m", "trainers.ddp", *TRAIN])
     script = " && ".join([
         "pip check",
         shlex.join(["python", "-c", IMPORT_EACH, json.dumps(imports)]),
         "python -m trainers.tools.train_tokenizer outputs/txt --vocab-size 300 "
         "--output outputs/tokenizer.json",
-        f"{train} --data outputs/docs.parquet --text-field body --output-dir outputs/parquet",
+        f"{torchrun} --data outputs/docs.parquet --text-field body --output-dir outputs/parquet",
         # llama-small: a built-in model whose 4,096 ids hold the tokenizer's 300
         f"{train} --data outputs/txt --tokenizer outputs/tokenizer.json --model llama-small "
         "--seq-len 64 --output-dir outputs/tokenized",
     ])
     proc = subprocess.run(
         [engine, "run", "--rm", "--read-only", "--tmpfs", "/tmp:rw,exec,mode=1777",
-         *ONE_THREAD, "--volume", f"{tmp_path}:{OUTPUTS}", IMAGE, "bash", "-c", script],
+         "--shm-size", "1g", *ONE_THREAD, "--volume", f"{tmp_path}:{OUTPUTS}", IMAGE, "bash",
+         "-c", script],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "No broken requirements found." in proc.stdout
     versions = json.loads(next(line for line in proc.stdout.splitlines()
                                if line.startswith("{")))
     assert set(versions) == set(imports) and versions["torch"] == "2.13.0+cpu", versions
-    for run in ("parquet", "tokenized"):
-        _trained(tmp_path / run / "summary.json", world_size=1)
+    assert (tmp_path / "parquet" / "checkpoints" / "step_00000008" / "manifest.json").exists()
+    for run, world_size in (("parquet", 2), ("tokenized", 1)):
+        _trained(tmp_path / run / "summary.json", world_size=world_size)
         (tokens,) = (tmp_path / run / "data").glob("tokens-*.bin")  # the text source's cache
         ids = read_header(tokens).open()
         if run == "tokenized":  # the tokenizer's ids, not the bytes tokenizer's
@@ -404,11 +389,12 @@ def test_local_docker_refuses_an_image_that_is_not_built(docker_api):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("component", ["ddp", "fsdp"])
-def test_component_on_local_docker(docker_api, tmp_path, component):
+def test_component_on_local_docker(docker_api, tmp_path):
+    """The ddp component as two one-process containers (the launch the other components share,
+    each proved on local_cwd)."""
     tmp_path.chmod(0o777)
     proc = torchx_cli("run", "-s", "local_docker", "--workspace", "",
-                   f"components/{component}.py:{component}", "-j", "2x1", "--image", IMAGE,
+                   "components/ddp.py:ddp", "-j", "2x1", "--image", IMAGE,
                    *ONE_THREAD, "--mounts", f"type=bind,src={tmp_path},dst={OUTPUTS}", "--", *TRAIN)
     handle = (proc.stdout.strip().splitlines() or [""])[-1]  # local_docker://torchx/<app id>
     app_id = handle.rsplit("/", 1)[-1]
@@ -531,18 +517,16 @@ def _train_as_pods(engine: str, job: dict, tmp: Path) -> Path:
     return summaries[0].parent
 
 
-@pytest.fixture(scope="module")
-def uninterrupted_job(engine, tmp_path_factory) -> Path:
-    """The run directory of JOB_TRAIN trained by the rendered job's pods, uninterrupted
-    (checked below; the reference of the preemption test)."""
-    job = _render_kubernetes(*JOB_TRAIN)
-    assert _harden(copy.deepcopy(job)) == job  # as a hardened render: the image must cope
-    return _train_as_pods(engine, job, tmp_path_factory.mktemp("uninterrupted"))
-
-
 @pytest.mark.slow
-def test_rendered_kubernetes_job_trains_as_containers(uninterrupted_job):
-    _trained(uninterrupted_job / "summary.json", world_size=2, steps=JOB_STEPS)
+def test_rendered_kubernetes_job_trains_as_containers(engine, tmp_path):
+    """The rendered Volcano Job's 2 pods (the hardened render: read-only root, uid 1000) train
+    to the end, their run on the volume of .torchxconfig's checkpoint_pvc. An evicted pod's
+    restart and resume is tests/system/test_s3_pods.py's (the run in a bucket)."""
+    job = _render_kubernetes(*TRAIN)
+    assert _harden(copy.deepcopy(job)) == job  # as a hardened render: the image must cope
+    run_dir = _train_as_pods(engine, job, tmp_path)
+    assert run_dir.parent.name == "torchx-outputs", run_dir  # the claim's subPath
+    _trained(run_dir / "summary.json", world_size=2)
 
 
 @pytest.mark.slow
@@ -557,44 +541,6 @@ def test_failing_job_is_restarted_max_retries_times(engine, tmp_path, max_retrie
                      binds={OUTPUTS: tmp_path / "outputs"})
     assert (result.phase, result.retries, len(result.runs)) == (phase, runs - 1, runs)
     assert {pod.exit_code for run in result.runs for pod in run} == {1}
-
-
-@pytest.mark.slow
-def test_evicted_pod_restarts_the_job_which_resumes_where_it_stopped(engine, tmp_path,
-                                                                    uninterrupted_job):
-    """One pod is evicted mid-run: ``<engine> stop`` with the rendered grace period (SIGTERM,
-    SIGKILL after it), as the kubelet ends it. The rendered policy (PodEvicted -> RestartJob,
-    --max_retries 1) stops the other pod the same way; the trainers save the step they are in
-    and exit; the job starts again, resumes from that step (at most one step lost) and ends
-    as the uninterrupted run does (fp32: losses and final weights within 1e-6 relative)."""
-    job = _render_kubernetes(*JOB_TRAIN, cfg="queue=default,termination_grace_s=60",
-                             options=("--max_retries", "1"))
-    name = job["metadata"]["name"]
-    assert [p.grace_s for p in pods(job)] == [60, 60]
-    run_dir = tmp_path / "claims" / "torchx-outputs" / name  # .torchxconfig's checkpoint_pvc
-    metrics = run_dir / "metrics.jsonl"
-
-    def mid_run() -> bool:
-        return metrics.exists() and len(metrics.read_text().splitlines()) >= 3
-
-    result = run_job(engine, job, f"volcano-{uuid.uuid4().hex[:8]}", tmp_path / "claims",
-                     binds={OUTPUTS: tmp_path / "outputs"},
-                     eviction=Eviction(f"{name}-ddp-1-0", mid_run))
-    logs = "\n".join(pod.logs[-3000:] for run in result.runs for pod in run)
-    assert (result.phase, result.retries, len(result.runs)) == ("Completed", 1, 2), logs
-    first = "\n".join(pod.logs for pod in result.runs[0])
-    saved = re.search(r"preempted by SIGTERM after step (\d+): saved", first)
-    assert saved is not None and 3 <= int(saved[1]) < JOB_STEPS, logs
-    assert all(pod.exit_code != 0 for pod in result.runs[0]), logs
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["resumed_from_step"] == int(saved[1]) and summary["steps_lost"] <= 1, summary
-    stop_s = result.stopped_at - result.evicted_at
-    assert stop_s < 60, stop_s  # the pods exited on SIGTERM, not at SIGKILL after 60 s
-    assert_same_run(run_dir, uninterrupted_job, tmp_path)
-    print(f"evicted after step {saved[1]}: steps lost {summary['steps_lost']}; pods exited "
-          f"({', '.join(str(pod.exit_code) for pod in result.runs[0])}) "
-          f"{stop_s:.1f} s and were running again {result.restarted_at - result.evicted_at:.1f} "
-          "s after the SIGTERM")
 
 
 @pytest.mark.slow

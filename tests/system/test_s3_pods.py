@@ -2,7 +2,8 @@
 that ``torchx run --dryrun -s kubernetes`` renders with ``--output-dir s3://...`` and no
 ``checkpoint_pvc``, its pods run as containers (tests/support/pod_runner.py) against moto's S3
 server (tests/support/s3.py), one pod stopped mid-run, the job restarted by its policies and
-resumed from the bucket, ending where an uninterrupted run ends.
+resumed from the bucket, ending where an uninterrupted run ends: the pods exit on the SIGTERM of
+their eviction (within the rendered grace period), having saved the step they were in.
 
 The pods run on the host's network, where the server listens (127.0.0.1); the credentials
 reach them as the Secret named by ``secret_env`` would (its keys as environment, added here
@@ -69,6 +70,9 @@ def test_job_without_a_volume_resumes_from_the_bucket(engine, s3, tmp_path):  # 
     first = "\n".join(pod.logs for pod in result.runs[0])
     saved = re.search(r"preempted by SIGTERM after step (\d+): saved", first)
     assert saved is not None and 10 <= int(saved[1]) < STEPS, logs
+    assert all(pod.exit_code != 0 for pod in result.runs[0]), logs
+    stop_s = result.stopped_at - result.evicted_at
+    assert stop_s < 60, stop_s  # the pods exited on SIGTERM, not at SIGKILL after 60 s
 
     run_dir = tmp_path / "from-bucket"
     store = location(url)
@@ -85,5 +89,6 @@ def test_job_without_a_volume_resumes_from_the_bucket(engine, s3, tmp_path):  # 
     reference = tmp_path / "uninterrupted"
     run_trainer([*TRAIN, "--output-dir", str(reference)], nproc=2)
     assert_same_run(run_dir, reference, tmp_path)
-    print(f"stopped after step {saved[1]}, steps lost {summary['steps_lost']}; pods running "
-          f"again {result.restarted_at - result.evicted_at:.1f} s after the SIGTERM")
+    print(f"stopped after step {saved[1]}, steps lost {summary['steps_lost']}; pods exited "
+          f"{stop_s:.1f} s and were running again {result.restarted_at - result.evicted_at:.1f} "
+          "s after the SIGTERM")
