@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.processes import shared_launches
 from tests.support.runs import TINY, losses, run_trainer
 
 pytest_plugins = ["pytester", "tests.support.processes", "tests.support.slurm",
@@ -55,7 +56,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def single_process(tmp_path_factory) -> dict[int, float]:
     """Per-step losses of the reference: one process, global batch 16, no accumulation."""
     run_dir = tmp_path_factory.mktemp("single")
-    run_trainer([*TINY, "--batch-size", "16", "--output-dir", str(run_dir)])
+    with shared_launches("single_process"):
+        run_trainer([*TINY, "--batch-size", "16", "--output-dir", str(run_dir)])
     return losses(run_dir)
 
 
@@ -63,7 +65,8 @@ def single_process(tmp_path_factory) -> dict[int, float]:
 def ddp_two_ranks(tmp_path_factory) -> dict[int, float]:
     """Per-step losses of the same run under DDP on 2 ranks (each a batch of 8)."""
     run_dir = tmp_path_factory.mktemp("ddp-two-ranks")
-    run_trainer([*TINY, "--batch-size", "16", "--output-dir", str(run_dir)], nproc=2)
+    with shared_launches("ddp_two_ranks"):
+        run_trainer([*TINY, "--batch-size", "16", "--output-dir", str(run_dir)], nproc=2)
     return losses(run_dir)
 
 
@@ -73,9 +76,10 @@ def gpipe_timeline_run(tmp_path_factory) -> Path:
     recording its timeline: tests/integration/test_pipeline.py checks its losses and timeline,
     tests/integration/test_plot.py draws it (one launch for both)."""
     run_dir = tmp_path_factory.mktemp("gpipe-timeline")
-    run_trainer([*TINY, "--batch-size", "16", "--pp", "2", "--schedule", "gpipe",
-                 "--microbatches", "4", "--record-timeline", "--output-dir", str(run_dir)],
-                nproc=2, module="trainers.pipeline")
+    with shared_launches("gpipe_timeline_run"):
+        run_trainer([*TINY, "--batch-size", "16", "--pp", "2", "--schedule", "gpipe",
+                     "--microbatches", "4", "--record-timeline", "--output-dir", str(run_dir)],
+                    nproc=2, module="trainers.pipeline")
     return run_dir
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import shared_launches
 from tests.support.runs import run_trainer, torchx_cli
 
 # Each component: its -j and its own trainer options (fsdp ZeRO-2, tensor parallel with
@@ -48,9 +49,10 @@ class ComponentRuns:
     def output(self, component: str) -> subprocess.CompletedProcess[str]:
         if component not in self._procs:
             j, options = COMPONENTS[component]
-            self._procs[component] = torchx_cli(
-                "run", "-s", "local_cwd", f"components/{component}.py:{component}", "-j", j,
-                "--", *E2E_ARGS, "--output-dir", str(self.root / component), *options)
+            with shared_launches(f"component run {component}"):
+                self._procs[component] = torchx_cli(
+                    "run", "-s", "local_cwd", f"components/{component}.py:{component}", "-j",
+                    j, "--", *E2E_ARGS, "--output-dir", str(self.root / component), *options)
         return self._procs[component]
 
     def __getitem__(self, component: str) -> Path:
@@ -62,7 +64,8 @@ class ComponentRuns:
     def reference(self) -> Path:
         if self._reference is None:
             self._reference = self.root / "one-process"
-            run_trainer([*E2E_ARGS, "--output-dir", str(self._reference)])
+            with shared_launches("component run reference"):
+                run_trainer([*E2E_ARGS, "--output-dir", str(self._reference)])
         return self._reference
 
 

@@ -42,6 +42,7 @@ import traceback
 import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for_sentinels
@@ -56,6 +57,8 @@ LAUNCH_TABLE = REPO / "tests" / "launches.json"
 # (podman, the Slurm commands, Ray) still start some processes themselves; its launches through
 # this module are reported (TTX_LAUNCH_REPORT) but not held to the table yet.
 COUNTED = ("tests/unit/", "tests/integration/")
+# The table's rows of what a session makes once for several modules (shared_launches).
+SHARED = "shared: "
 MARKER = "TTX_TEST_LAUNCH"
 TAIL_CHARS = 3000
 ABORT_GRACE_S = 5.0  # how long aborted processes get to write their stacks and exit
@@ -73,6 +76,7 @@ _RANKS_LOCK = threading.Lock()
 _ids = itertools.count(1)
 _log_root: Path | None = None
 _forkserver: multiprocessing.context.BaseContext | None = None
+_shared: list[str] = []
 
 
 def log_root() -> Path:
@@ -221,8 +225,25 @@ def kill_tree(pids: Sequence[int], marker: str | None = None) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
+@contextmanager
+def shared_launches(name: str) -> Iterator[None]:
+    """Count the launches made inside for ``name``, something a session makes once and
+    several test modules share (a session fixture's run, a component's job), rather than for
+    the module whose test happened to need it first: under pytest-xdist each worker makes it
+    where it first needs it. Its row in tests/launches.json is ``shared: name``, held per
+    worker."""
+    _shared.append(SHARED + name)
+    try:
+        yield
+    finally:
+        _shared.pop()
+
+
 def _note_launch(kind: str, launch_id: str, pids: Sequence[int] = ()) -> None:
-    _CURRENT.launches[kind] += 1
+    if _shared:
+        _by_module.setdefault(_shared[-1], Counter())[kind] += 1
+    else:
+        _CURRENT.launches[kind] += 1
     _CURRENT.markers.append(launch_id)
     _CURRENT.pids.extend(pids)
 
@@ -580,11 +601,11 @@ def launch_counts() -> dict[str, dict[str, int]]:
 
 
 def over_table(counts: dict[str, dict[str, int]], table: dict[str, dict[str, int]]) -> list[str]:
-    """Each module of ``counts`` under :data:`COUNTED` that launched more than ``table`` allows
-    it, as a line."""
+    """Each module of ``counts`` under :data:`COUNTED`, or shared row, that launched more than
+    ``table`` allows it, as a line."""
     over = []
     for module, kinds in counts.items():
-        if not module.startswith(COUNTED):
+        if not module.startswith((*COUNTED, SHARED)):
             continue
         for kind, n in kinds.items():
             allowed = table.get(module, {}).get(kind, 0)
@@ -606,10 +627,15 @@ def _is_worker(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: object, error: object) -> None:
-    """On the controller: add a finished worker's launch counts and kept log folder."""
+    """On the controller: add a finished worker's launch counts (a shared row: the most any
+    worker made, each making it once) and its kept log folder."""
     output = getattr(node, "workeroutput", {})
     for module, kinds in json.loads(output.get(_WORKER_COUNTS, "{}")).items():
-        _by_module.setdefault(module, Counter()).update(kinds)
+        counts = _by_module.setdefault(module, Counter())
+        if module.startswith(SHARED):
+            counts |= Counter(kinds)
+        else:
+            counts.update(kinds)
     if output.get(_WORKER_LOGS):
         _worker_logs.append(output[_WORKER_LOGS])
 
