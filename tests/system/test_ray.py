@@ -72,8 +72,8 @@ STRATEGY_ARGS: dict[str, list[str]] = {"ddp": [], "fsdp": []}
 
 # The drain test's run: no periodic checkpoints (the one the workers save on the notice is the
 # only one), and long enough that Ray's preemption watcher (polling every second there) sees the
-# drain while the run is still going: drained from step 5 on, a run here saw it at step 25 (the
-# `ray drain-node` process starting takes most of that), 75 steps before the end.
+# drain well before the end: it is issued once metrics.jsonl has a line, which the loop
+# flushes at an attempt's first step and then every --log-every steps (see _drainer).
 DRAIN_ARGS = [*without(ARGS, "--steps", "--checkpoint-every", "--log-every"), "--steps", "100",
               "--checkpoint-every", "0", "--log-every", "50"]
 
@@ -155,21 +155,38 @@ def test_killed_worker_is_restarted_by_ray_and_resumes(tmp_path, torchrun_runs, 
     assert_same_run(run_dir, torchrun_runs["ddp"], tmp_path)
 
 
-def _worker_node_finder(address: str) -> subprocess.Popen[str]:
-    """A process that prints the id of the Ray node running one of the job's worker actors
-    once there is one (4 minutes at most), started before the job so that its ``ray.init``
-    is over by the time the job trains."""
+def _drainer(address: str, metrics: Path, after_steps: int) -> subprocess.Popen[str]:
+    """A process that drains the Ray node running one of the job's worker actors for preemption
+    (deadline 5 s, as a spot node's notice) once ``metrics`` has ``after_steps`` lines, then
+    prints ``NODE LINES`` (the node's id, the lines at the drain); 4 minutes at most. It prints
+    ``ready`` once it has joined the cluster (start the job after that) and drains through the
+    GCS client it holds (what ``ray drain-node`` calls), so the notice follows the step at
+    once: a ``ray drain-node`` process started at that step spent most of a 100-step run
+    importing Ray on a loaded CI machine, and the run ended before it drained."""
     script = f"""
-import time, ray
+import time
+from pathlib import Path
+import ray
+from ray.core.generated import autoscaler_pb2
 ray.init(address={address!r}, logging_level="ERROR")
-deadline = time.monotonic() + 240
+gcs = ray._raylet.GcsClient(address={address!r})
+print("ready", flush=True)
+metrics, deadline = Path({str(metrics)!r}), time.monotonic() + 240
+node = None
 while time.monotonic() < deadline:
-    nodes = [a["Address"]["NodeID"] for a in ray._private.state.actors().values()
-             if a["State"] == "ALIVE" and "RayTrainWorker" in a["ActorClassName"]]
-    if nodes:
-        print(nodes[0])
+    if node is None:
+        node = next((a["Address"]["NodeID"] for a in ray._private.state.actors().values()
+                     if a["State"] == "ALIVE" and "RayTrainWorker" in a["ActorClassName"]),
+                    None)
+    lines = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+    if node is not None and lines >= {after_steps}:
+        accepted, why = gcs.drain_node(
+            node, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            "spot instance reclaimed", time.time_ns() // 1_000_000 + 5_000)
+        assert accepted, f"the drain was refused: {{why}}"
+        print(node, lines)
         break
-    time.sleep(0.2)
+    time.sleep(0.1)
 """
     return subprocess.Popen([sys.executable, "-c", script], cwd=REPO,
                             env={**child_env(), **RAY_ENV}, stdout=subprocess.PIPE,
@@ -199,32 +216,27 @@ def test_drained_node_saves_the_agreed_step_and_ray_resumes_it_elsewhere(
     address = drainable_cluster.address
     run_dir = tmp_path / "ray"
     env = {**child_env(), **RAY_ENV, "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
-    finder = _worker_node_finder(address)
+    metrics = run_dir / "metrics.jsonl"
+    drainer = _drainer(address, metrics, after_steps=1)
+    assert drainer.stdout is not None
+    assert drainer.stdout.readline() == "ready\n", drainer.communicate(timeout=60)[1][-4000:]
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainers.on_ray.train", "--trainer", "ddp", "--workers", "2",
          "--address", address, "--", *DRAIN_ARGS, "--output-dir", str(run_dir)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        node, errors = finder.communicate(timeout=300)
-        assert node.strip(), f"no worker actor found: {errors[-4000:]}"
-        metrics = run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 240
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
-            assert proc.poll() is None and time.monotonic() < deadline, "no step 5"
-            time.sleep(0.2)
-        subprocess.run([str(Path(sys.executable).parent / "ray"), "drain-node", "--address",
-                        address, "--node-id", node.strip(), "--reason",
-                        "DRAIN_NODE_REASON_PREEMPTION", "--reason-message",
-                        "spot instance reclaimed", "--deadline-remaining-seconds", "5"],
-                       cwd=REPO, env=env, check=True, capture_output=True, timeout=60)
-        drained_at = len(metrics.read_text().splitlines())
+        drained, errors = drainer.communicate(timeout=300)
+        assert drained.strip(), f"no worker node drained: {proc.poll()=}\n{errors[-4000:]}"
+        drained_at = int(drained.split()[1])
         out, _ = proc.communicate(timeout=300)
     finally:
-        for process in (finder, proc):
+        for process in (drainer, proc):
             if process.poll() is None:
                 process.kill()
                 process.wait()
     assert proc.returncode == 0, out[-6000:]
+    assert "preempted by SIGTERM after step " in out, \
+        f"drained after step {drained_at}, the run ended unpreempted: {out[-4000:]}"
     saved = int(out.split("preempted by SIGTERM after step ")[1].split(":")[0])
     print(f"drained after step {drained_at}, saved step {saved} of 100")
     assert "interrupted by node preemption" in out
