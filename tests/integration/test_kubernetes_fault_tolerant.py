@@ -1,19 +1,24 @@
 """The ``fault_tolerant`` component rendered by ``torchx run --dryrun`` for Volcano
 (``-s kubernetes``) and JobSet (``-s kubernetes_jobset``): the lighthouse first, with its ports;
 one task or replicatedJob per replica group that restarts alone (never the job), with its own
-retries; every group's ``--lighthouse`` URL naming the first role's first pod. Each object is
-also validated against its CRD schema where ``VOLCANO_CRD_DIR`` / ``JOBSET_CRD_DIR`` are set
-(tests/system/test_kubernetes_schemas.py does so in the system tier, where a missing setting
-fails under CI=true); the pods against the Kubernetes schema here."""
+retries; every group's ``--lighthouse`` URL naming the first role's first pod. The pods are
+validated against the Kubernetes schema, each object against its CRD schema (read from
+``VOLCANO_CRD_DIR`` / ``JOBSET_CRD_DIR``; unset, those tests skip, which fails under CI=true)."""
 
 from __future__ import annotations
 
-import os
 import re
 
 from components.schedulers.k8s.jobset import RANK0_ENV
 from components.schedulers.k8s.preemption import RESTART_ALONE_RULE
-from tests.support.k8s import jobset_pods, pod_of, render, validate_core, validate_crd
+from tests.support.k8s import (
+    jobset_pods,
+    pod_of,
+    render,
+    validate_core,
+    validate_jobset,
+    validate_volcano,
+)
 
 GROUPS = 3
 RETRIES = 2
@@ -34,19 +39,12 @@ def render_jobset() -> dict:
     return render("fault_tolerant", "1x2", ARGS, options=OPTIONS, scheduler="kubernetes_jobset")
 
 
-def _crd(setting: str, obj: dict) -> None:
-    """The CRD schema check where the schemas are given (else the system tier's test)."""
-    if os.environ.get(setting):
-        validate_crd(setting, obj)
-
-
 def _ports(container: dict) -> dict[str, int]:
     return {p["name"]: p["containerPort"] for p in container.get("ports", [])}
 
 
 def test_volcano_job_runs_the_lighthouse_first_and_restarts_each_group_alone():
     job = render_volcano()
-    _crd("VOLCANO_CRD_DIR", job)
     tasks = job["spec"]["tasks"]
     assert [t["name"] for t in tasks] == ["lighthouse-0", *(f"replicagroup{g}-0"
                                                            for g in range(GROUPS))]
@@ -84,7 +82,6 @@ def test_volcano_groups_reach_the_lighthouse_pod():
 
 def test_jobset_runs_the_lighthouse_first_and_restarts_each_group_alone():
     jobset = render_jobset()
-    _crd("JOBSET_CRD_DIR", jobset)
     rjs = jobset["spec"]["replicatedJobs"]
     groups = [f"replicagroup{g}" for g in range(GROUPS)]
     assert [rj["name"] for rj in rjs] == ["lighthouse", *groups]
@@ -115,3 +112,12 @@ def test_jobset_groups_reach_the_lighthouse_pod():
         assert env[RANK0_ENV] == f"{name}-lighthouse-0-0.{name}"
         assert f"--replica-group {g} " in container["command"][-1]
 
+
+def test_fault_tolerant_volcano_job_matches_the_crd():
+    """The lighthouse task and the replica groups' own task policies (RestartTask)."""
+    validate_volcano(render_volcano())
+
+
+def test_fault_tolerant_jobset_matches_the_crd():
+    """The replica groups' backoffLimit and the FailJobSet rule naming them."""
+    validate_jobset(render_jobset())

@@ -1,5 +1,5 @@
 """``torchx run --dryrun -s kubernetes_jobset``: every component rendered as a JobSet (that the
-JobSet v0.12.0 CRD schema accepts: tests/system/test_kubernetes_schemas.py), labelled for
+JobSet v0.12.0 CRD schema accepts: the last tests), labelled for
 Kueue, wired for rendezvous through the JobSet's headless service, with the ``kubernetes``
 scheduler's hardened pods; bad input refused in one line before anything is submitted."""
 
@@ -28,7 +28,14 @@ from tests.integration.test_kubernetes_render import (
     case_args,
     shm_size_limits,
 )
-from tests.support.k8s import REPO, dryrun_args, jobset_pods, render, validate_core
+from tests.support.k8s import (
+    REPO,
+    dryrun_args,
+    jobset_pods,
+    render,
+    validate_core,
+    validate_jobset,
+)
 from tests.support.runs import torchx_cli
 
 JOBSET = "kubernetes_jobset"
@@ -230,3 +237,19 @@ def test_elastic_size_warns_in_one_line_and_runs_the_maximum():
     (line,) = [ln for ln in proc.stderr.splitlines() if "JobSet has no minimum size" in ln]
     assert "all 2 pods of role ddp are created and admitted together" in line
     assert "pass -j 2 for a fixed size" in line
+
+
+# The same JobSets against JobSet v0.12.0's CRD schema, read from JOBSET_CRD_DIR (.ci/run sets
+# it; unset, these skip, which fails under CI=true), reusing the renders above.
+@pytest.mark.parametrize(("component", "j", "nodes", "min_nodes"), CASES)
+def test_rendered_jobset_matches_the_crd(component, j, nodes, min_nodes):
+    validate_jobset(render_case(component, j))
+
+
+def test_jobset_with_pod_options_and_max_retries_matches_the_crd():
+    validate_jobset(render_pod_options_and_max_retries())
+
+
+@pytest.mark.parametrize(("j", "options", "cfg", "size"), SHM_CASES)
+def test_jobset_with_sized_dev_shm_matches_the_crd(j, options, cfg, size):
+    validate_jobset(render_shm_case(j, options, cfg))

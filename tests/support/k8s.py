@@ -5,8 +5,8 @@ Core objects are validated against the Kubernetes OpenAPI schema of :data:`KUBER
 with ``kubernetes-validate`` in strict mode (unknown fields fail), in every tier. Volcano, JobSet
 and Kueue objects are validated against the CRD schemas of the pinned releases, read from the
 directories in ``VOLCANO_CRD_DIR``, ``JOBSET_CRD_DIR`` and ``KUEUE_CRD_DIR`` (``.ci/run`` sets
-them; docs/kubernetes.md says how to fetch them), in the system tier only
-(tests/system/test_kubernetes_schemas.py), where a missing setting skips (fails under CI=true).
+them; docs/kubernetes.md says how to fetch them) by tests beside the ones that render them
+(which reuse the cached renders), where a missing setting skips (fails under CI=true).
 """
 
 from __future__ import annotations

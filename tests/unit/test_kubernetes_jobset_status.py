@@ -19,7 +19,7 @@ from torchx.specs import AppState
 
 from components.schedulers.k8s.jobset import create_scheduler
 from components.schedulers.k8s.states import app_state, log_lines, replica_state
-from tests.support.k8s import validate_core
+from tests.support.k8s import validate_core, validate_jobset
 from tests.support.runs import REPO
 
 SCENARIOS = yaml.safe_load((REPO / "tests/support/k8s_objects/jobset_states.yaml").read_text())
@@ -40,8 +40,8 @@ EXPECTED = {
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_recorded_pods_match_the_core_schema(scenario):
-    """The recorded pods against the Kubernetes schema; the recorded JobSets (and these pods
-    again) against JobSet's CRD schema in tests/system/test_kubernetes_schemas.py."""
+    """The recorded pods against the Kubernetes schema (also where JobSet's CRD schema is
+    missing, unlike the test below)."""
     for pod in SCENARIOS[scenario]["pods"]:
         validate_core(pod)
 
@@ -208,3 +208,12 @@ def test_validate_spec_asks_the_server_for_a_dry_run_and_refusals_are_one_line(a
                        r"refuses the job \(422: JobSet.jobset.x-k8s.io \"ddp\" is invalid: "
                        r"spec.replicatedJobs\[0\].name: Invalid value\); fix what it names"):
         create_scheduler("test").submit_dryrun(app, cfg)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_recorded_objects_match_the_api_schemas(scenario):
+    """Each recorded JobSet against JobSet v0.12.0's CRD schema (``JOBSET_CRD_DIR``; unset, this
+    skips, which fails under CI=true), each pod against the Kubernetes schema."""
+    validate_jobset(SCENARIOS[scenario]["jobset"])
+    for pod in SCENARIOS[scenario]["pods"]:
+        validate_core(pod)
