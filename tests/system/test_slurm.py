@@ -303,9 +303,13 @@ def test_status_right_after_submission_is_pending_or_running(requeued_job):
 
 @pytest.mark.slow
 def test_requeued_job_runs_again_within_seconds(requeued_job):
-    """cred_expire=10 s, then .ci/slurm-up's EpilogSlurmctld nudge (measured ~13 s)."""
+    """cred_expire=10 s, then .ci/slurm-up's EpilogSlurmctld nudge (measured ~13 s): from the
+    end of the first attempt to the start of the second in Slurm's accounting, as for the
+    preempted job. The test's own clock from ``scontrol requeue`` also counts the first
+    attempt's ranks dying, which on a loaded CI machine took it to 36 s."""
     assert requeued_job["final"] == AppState.SUCCEEDED
-    assert requeued_job["requeue_wait"] < 30, requeued_job["requeue_wait"]
+    waits = restart_waits(requeued_job["handle"])
+    assert len(waits) == 1 and waits[0] <= 30, (waits, requeued_job["requeue_wait"])
     assert "Num Restarts: 1" in status(requeued_job["cwd"], requeued_job["handle"])
 
 
