@@ -41,9 +41,8 @@ REGISTRATION_WAIT_S = 120
 # ~/.ray/auth_token, shared by every cluster of this user: the tests' clusters and launchers get
 # a token of their own through the environment instead. Ray starts its workers (trials, Ray
 # Train's workers) at nice 15 (RayConfig worker_niceness): where nice holds across sessions
-# (.ci/run turns the kernel's scheduler autogroups off) they would get only what every other
-# test's processes leave (a Tune search took 429 s there instead of 125 s); they run at the
-# tests' own priority.
+# (the kernel's scheduler autogroups off) they get only what every other test's processes
+# leave (a Tune search took 429 s so instead of 125 s); they run at the tests' own priority.
 RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
            "RAY_raylet_start_wait_time_s": str(REGISTRATION_WAIT_S), "RAY_worker_niceness": "0"}
 
