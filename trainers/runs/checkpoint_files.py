@@ -36,10 +36,15 @@ def step_of(path: RunPath) -> int:
 
 
 def step_dirs(folder: RunPath) -> list[RunPath]:
-    """Every ``step_<N>`` directly in ``folder``, committed or not, newest first."""
-    if not folder.is_dir():
+    """Every ``step_<N>`` directly in ``folder``, committed or not, newest first; none when
+    ``folder`` is not there. In a bucket a folder is a prefix of objects, which may be gone by
+    the time it is listed (another rank's store check writes a probe object under a new run's
+    prefix and deletes it), so a listing that finds no folder finds no checkpoint."""
+    try:
+        children = list(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    found = [p for p in folder.iterdir()
+    found = [p for p in children
              if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit() and p.is_dir()]
     return sorted(found, key=step_of, reverse=True)
 
