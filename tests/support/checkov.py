@@ -3,9 +3,9 @@
 checkov cannot share the project's environment: installing it there downgrades ``networkx``
 (torch's dependency) to 2.6 and ``packaging`` to 23.2. So :func:`checkov_executable` uses
 ``$CHECKOV`` when set, else ``.venv-checkov/bin/checkov`` in the repository, creating that
-environment with :data:`CHECKOV_REQUIREMENT` on first use (about 40 s; reused afterwards).
-Creating it holds a lock (``.venv-checkov.lock``), so a test that needs checkov while
-``.ci/run`` installs it in the background waits for that install instead of starting another.
+environment with :data:`CHECKOV_REQUIREMENT` on first use through ``.ci/uv-install`` (seconds;
+reused afterwards). Creating it holds a lock (``.venv-checkov.lock``), so pytest-xdist's workers
+make it once.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import fcntl
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +29,8 @@ def checkov_executable(repo: Path) -> Path:
     with open(repo / ".venv-checkov.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released on close: one install at a time
         if not exe.exists():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-            subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet",
-                            CHECKOV_REQUIREMENT], check=True, timeout=900)
+            subprocess.run([str(repo / ".ci" / "uv-install"), str(venv), CHECKOV_REQUIREMENT],
+                           check=True, timeout=900)
     return exe
 
 

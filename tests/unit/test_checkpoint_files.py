@@ -15,10 +15,10 @@ def test_a_folder_gone_while_it_is_listed_holds_no_checkpoints(monkeypatch):
     probe = run / ".write-check-0"
     probe.write_bytes(b"")
     fs = run.fs
-    seen = fs.isdir
+    isdir = fs.isdir
 
     def isdir_then_the_probe_is_deleted(path: str) -> bool:
-        answer = seen(path)
+        answer = isdir(path)
         if path.rstrip("/") == run.path and fs.exists(probe.path):
             fs.rm_file(probe.path)  # the other rank's rm_file, right after this answer
         return answer
